@@ -1,0 +1,17 @@
+"""xrlflow_jax: a JAX-native tensor-graph superoptimiser in the line of X-RLflow.
+
+Modules:
+  ops        operators: codes, attributes, shape rules, JAX lowerings, FLOP counts
+  graph      the padded jraph.GraphsTuple every part shares, its builder and helpers
+  executor   lower a graph + parameters to a jitted JAX function
+  models     the benchmark model zoo built in code
+  errors     the project's exception types
+"""
+
+from xrlflow_jax import errors, executor, graph, ops
+from xrlflow_jax.executor import lower
+from xrlflow_jax.graph import GraphBuilder, ParamStore
+
+__version__ = "0.1.0"
+
+__all__ = ["GraphBuilder", "ParamStore", "errors", "executor", "graph", "lower", "ops"]

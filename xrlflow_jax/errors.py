@@ -1,0 +1,44 @@
+"""The project's own exception types.
+
+Every error a user can provoke with bad input (a model that does not fit, an unknown op,
+inconsistent shapes, a cycle, a dangling input, a missing weight) is one of these, with a
+message that names the node, op and shape involved.
+"""
+
+from __future__ import annotations
+
+
+class XrlflowError(Exception):
+  """Base class of every error raised on purpose by xrlflow_jax."""
+
+
+class CapacityError(XrlflowError):
+  """A graph does not fit the padded capacity (node slots or input slots per node)."""
+
+
+class UnknownOpError(XrlflowError):
+  """An op name or op code that the project does not know."""
+
+
+class ShapeError(XrlflowError):
+  """Input shapes or attributes that an op's shape rule rejects."""
+
+
+class GraphValidationError(XrlflowError):
+  """`validate` found an inconsistency; the message lists every problem found."""
+
+
+class CycleError(GraphValidationError):
+  """The graph has a cycle, so it has no topological order."""
+
+
+class DanglingInputError(GraphValidationError):
+  """A node reads an input slot that is not alive (or out of range)."""
+
+
+class ParamError(XrlflowError):
+  """A constant node has no value in the parameter store, or a value of the wrong shape."""
+
+
+class ModelError(XrlflowError):
+  """An unknown zoo model or size."""

@@ -1,0 +1,413 @@
+"""Neural-network operators: Conv2D, MatMul, pooling, normalisation, reductions and TASO's
+weight transforms (Enlarge, MergeGConv)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from xrlflow_jax.ops import spec
+from xrlflow_jax.ops.codes import Op
+from xrlflow_jax.ops.spec import MAX_RANK as R
+from xrlflow_jax.ops.spec import Activation, AttrField, OpSpec
+
+
+def apply_activation(x: jax.Array, activation: int) -> jax.Array:
+  """Applies a fused `Activation` code."""
+  activation = Activation(int(activation))
+  if activation == Activation.NONE:
+    return x
+  if activation == Activation.RELU:
+    return jax.nn.relu(x)
+  if activation == Activation.SIGMOID:
+    return jax.nn.sigmoid(x)
+  if activation == Activation.TANH:
+    return jnp.tanh(x)
+  return jax.nn.gelu(x, approximate=False)
+
+
+_ACT = AttrField("activation", default=int(Activation.NONE))
+
+
+# ------------------------------------------------------------------ Conv2D
+# x [N, C, H, W], w [O, C/groups, kh, kw], optional bias [O] -> [N, O, Ho, Wo]
+
+def _conv_out(xp, size, pad, kernel, stride, dilation):
+  stride = xp.maximum(stride, 1)
+  return (size + pad - dilation * (kernel - 1) - 1) // stride + 1
+
+
+def _conv_rule(xp, in_shapes, in_ranks, attrs, n_inputs):
+  x, w = in_shapes[0], in_shapes[1]
+  sh, sw, pt, pl, pb, pr, dh, dw, groups = (attrs[i] for i in range(9))
+  n, c, h, wd = x[R - 4], x[R - 3], x[R - 2], x[R - 1]
+  o, cg, kh, kw = w[R - 4], w[R - 3], w[R - 2], w[R - 1]
+  ho = _conv_out(xp, h, pt + pb, kh, sh, dh)
+  wo = _conv_out(xp, wd, pl + pr, kw, sw, dw)
+  out = xp.stack([xp.ones_like(n), xp.ones_like(n), n, o, ho, wo]).astype(xp.int32)
+  g = xp.maximum(groups, 1)
+  bias = in_shapes[2] if in_shapes.shape[0] > 2 else in_shapes[0]
+  bias_rank = in_ranks[2] if in_shapes.shape[0] > 2 else 1
+  has_bias = xp.asarray(n_inputs) >= 3
+  checks = [
+      (xp.asarray((in_ranks[0] == 4) & (in_ranks[1] == 4)), "input and weight must be rank 4"),
+      (xp.asarray(groups >= 1), "groups must be >= 1"),
+      (xp.asarray((sh >= 1) & (sw >= 1) & (dh >= 1) & (dw >= 1)),
+       "strides and dilations must be >= 1"),
+      (xp.asarray((pt >= 0) & (pl >= 0) & (pb >= 0) & (pr >= 0)), "pads must be >= 0"),
+      (xp.asarray(c == cg * g), "input channels must equal weight in-channels x groups"),
+      (xp.asarray(o % g == 0), "output channels must be divisible by groups"),
+      (xp.asarray((ho >= 1) & (wo >= 1)), "kernel larger than the padded input"),
+      (xp.asarray(~has_bias | ((bias_rank == 1) & (bias[R - 1] == o))),
+       "bias must be rank 1 with one value per output channel"),
+  ]
+  return out, xp.asarray(4, xp.int32), checks
+
+
+def _conv_lower(inputs, a, out_shape, out_dtype):
+  x, w = inputs[0], inputs[1]
+  pt, pl, pb, pr = a["pads"]
+  y = lax.conv_general_dilated(
+      x, w.astype(x.dtype), window_strides=a["strides"], padding=((pt, pb), (pl, pr)),
+      rhs_dilation=a["dilations"], dimension_numbers=("NCHW", "OIHW", "NCHW"),
+      feature_group_count=a["groups"], precision=lax.Precision.HIGHEST)
+  if len(inputs) > 2:
+    y = y + inputs[2].astype(y.dtype)[None, :, None, None]
+  return apply_activation(y, a["activation"])
+
+
+def _conv_flops(xp, in_shapes, in_ranks, out_shape, attrs):
+  w = in_shapes[1]
+  per_out = w[R - 3].astype(xp.float32) * w[R - 2] * w[R - 1]
+  return 2.0 * spec.numel(xp, out_shape) * per_out
+
+
+CONV2D = spec.register(OpSpec(
+    code=Op.CONV2D, name="Conv2D", min_inputs=2, max_inputs=3,
+    attrs=(AttrField("strides", 2, default=(1, 1)), AttrField("pads", 4, default=(0, 0, 0, 0)),
+           AttrField("dilations", 2, default=(1, 1)), AttrField("groups", default=1), _ACT),
+    shape_rule=_conv_rule, lower=_conv_lower, flops=_conv_flops))
+
+
+# ------------------------------------------------------------------ MatMul
+# a [..., m, k] @ b [..., k, n] -> [broadcast(...), m, n]; both operands rank >= 2.
+
+def _matmul_rule(xp, in_shapes, in_ranks, attrs, n_inputs):
+  del attrs, n_inputs
+  a, b = in_shapes[0], in_shapes[1]
+  pos = spec.positions(xp)
+  batch = pos < R - 2
+  ab = xp.where(batch, a, 1)
+  bb = xp.where(batch, b, 1)
+  ok_batch = xp.all((ab == bb) | (ab == 1) | (bb == 1))
+  out = xp.where(ab == 1, bb, ab)
+  out = xp.where(pos == R - 2, a[R - 2], out)
+  out = xp.where(pos == R - 1, b[R - 1], out).astype(xp.int32)
+  rank = xp.maximum(in_ranks[0], in_ranks[1])
+  checks = [
+      (xp.asarray((in_ranks[0] >= 2) & (in_ranks[1] >= 2)), "operands must be rank >= 2"),
+      (xp.asarray(a[R - 1] == b[R - 2]), "contracted dimensions differ"),
+      (xp.asarray(ok_batch), "batch dimensions do not broadcast"),
+  ]
+  return out, rank, checks
+
+
+def _matmul_lower(inputs, a, out_shape, out_dtype):
+  y = jnp.matmul(inputs[0], inputs[1].astype(inputs[0].dtype), precision=lax.Precision.HIGHEST)
+  return apply_activation(y, a["activation"])
+
+
+def _matmul_flops(xp, in_shapes, in_ranks, out_shape, attrs):
+  return 2.0 * spec.numel(xp, out_shape) * in_shapes[0][R - 1]
+
+
+MATMUL = spec.register(OpSpec(
+    code=Op.MATMUL, name="MatMul", min_inputs=2, max_inputs=2, attrs=(_ACT,),
+    shape_rule=_matmul_rule, lower=_matmul_lower, flops=_matmul_flops))
+
+
+# ------------------------------------------------------------------ Pools (NCHW)
+
+_POOL_ATTRS = (AttrField("kernel", 2, default=(1, 1)), AttrField("strides", 2, default=(1, 1)),
+               AttrField("pads", 4, default=(0, 0, 0, 0)),
+               AttrField("ceil_mode", kind="bool", default=False),
+               AttrField("count_include_pad", kind="bool", default=False))
+
+
+def _pool_out(xp, size, pad_begin, pad_end, kernel, stride, ceil_mode):
+  stride = xp.maximum(stride, 1)
+  span = size + pad_begin + pad_end - kernel
+  out = xp.where(ceil_mode != 0, -(-span // stride), span // stride) + 1
+  # ONNX/PyTorch: the last window must start inside the input or the begin padding.
+  return xp.where((ceil_mode != 0) & ((out - 1) * stride >= size + pad_begin), out - 1, out)
+
+
+def _pool_rule(xp, in_shapes, in_ranks, attrs, n_inputs):
+  del n_inputs
+  x = in_shapes[0]
+  kh, kw, sh, sw, pt, pl, pb, pr, ceil = (attrs[i] for i in range(9))
+  ho = _pool_out(xp, x[R - 2], pt, pb, kh, sh, ceil)
+  wo = _pool_out(xp, x[R - 1], pl, pr, kw, sw, ceil)
+  pos = spec.positions(xp)
+  out = xp.where(pos == R - 2, ho, xp.where(pos == R - 1, wo, x)).astype(xp.int32)
+  checks = [
+      (xp.asarray(in_ranks[0] == 4), "input must be rank 4 (NCHW)"),
+      (xp.asarray((kh >= 1) & (kw >= 1) & (sh >= 1) & (sw >= 1)),
+       "kernel and strides must be >= 1"),
+      (xp.asarray((pt < kh) & (pb < kh) & (pl < kw) & (pr < kw) & (pt >= 0) & (pl >= 0)
+                  & (pb >= 0) & (pr >= 0)), "pads must be in [0, kernel)"),
+      (xp.asarray((ho >= 1) & (wo >= 1)), "kernel larger than the padded input"),
+  ]
+  return out, in_ranks[0], checks
+
+
+def _pool_padding(x_shape, a, out_shape):
+  """Explicit (begin, end) padding per spatial dim, plus the extra end padding of ceil mode."""
+  pt, pl, pb, pr = a["pads"]
+  pads, extras = [], []
+  for i, (b, e) in enumerate(((pt, pb), (pl, pr))):
+    size, k, s, o = x_shape[2 + i], a["kernel"][i], a["strides"][i], out_shape[2 + i]
+    need = (o - 1) * s + k - (size + b + e)
+    pads.append((b, e))
+    extras.append(max(0, need))
+  return pads, extras
+
+
+def _max_pool_lower(inputs, a, out_shape, out_dtype):
+  x = inputs[0]
+  pads, extras = _pool_padding(x.shape, a, out_shape)
+  padding = ((0, 0), (0, 0)) + tuple((b, e + x_) for (b, e), x_ in zip(pads, extras))
+  init = -jnp.inf if jnp.issubdtype(x.dtype, jnp.floating) else jnp.iinfo(x.dtype).min
+  return lax.reduce_window(x, jnp.asarray(init, x.dtype), lax.max, (1, 1) + a["kernel"],
+                           (1, 1) + a["strides"], padding)
+
+
+def _avg_pool_lower(inputs, a, out_shape, out_dtype):
+  x = inputs[0]
+  pads, extras = _pool_padding(x.shape, a, out_shape)
+  window, strides = (1, 1) + a["kernel"], (1, 1) + a["strides"]
+  padding = ((0, 0), (0, 0)) + tuple((b, e + x_) for (b, e), x_ in zip(pads, extras))
+  total = lax.reduce_window(x, jnp.asarray(0, x.dtype), lax.add, window, strides, padding)
+  # Divisor: the window's cells inside the input, plus the explicit pads if count_include_pad;
+  # the extra cells that ceil mode adds never count.
+  ones = jnp.ones((1, 1) + x.shape[2:], x.dtype)
+  if a["count_include_pad"]:
+    ones = jnp.pad(ones, ((0, 0), (0, 0)) + tuple(pads), constant_values=1)
+    count_pad = ((0, 0), (0, 0)) + tuple((0, x_) for x_ in extras)
+  else:
+    count_pad = padding
+  count = lax.reduce_window(ones, jnp.asarray(0, x.dtype), lax.add, window, strides, count_pad)
+  return total / count
+
+
+def _pool_flops(xp, in_shapes, in_ranks, out_shape, attrs):
+  return spec.numel(xp, out_shape) * attrs[0] * attrs[1]
+
+
+MAX_POOL = spec.register(OpSpec(
+    code=Op.MAX_POOL, name="MaxPool", min_inputs=1, max_inputs=1, attrs=_POOL_ATTRS,
+    shape_rule=_pool_rule, lower=_max_pool_lower, flops=_pool_flops))
+AVG_POOL = spec.register(OpSpec(
+    code=Op.AVG_POOL, name="AvgPool", min_inputs=1, max_inputs=1, attrs=_POOL_ATTRS,
+    shape_rule=_pool_rule, lower=_avg_pool_lower, flops=_pool_flops))
+
+
+def _global_pool_rule(xp, in_shapes, in_ranks, attrs, n_inputs):
+  del attrs, n_inputs
+  x = in_shapes[0]
+  out = xp.where(spec.positions(xp) >= R - 2, 1, x).astype(xp.int32)
+  return out, in_ranks[0], [(xp.asarray(in_ranks[0] == 4), "input must be rank 4 (NCHW)")]
+
+
+GLOBAL_AVG_POOL = spec.register(OpSpec(
+    code=Op.GLOBAL_AVG_POOL, name="GlobalAvgPool", min_inputs=1, max_inputs=1, attrs=(),
+    shape_rule=_global_pool_rule,
+    lower=lambda inputs, a, out_shape, out_dtype: jnp.mean(inputs[0], axis=(2, 3), keepdims=True),
+    flops=lambda xp, in_shapes, in_ranks, out_shape, attrs: spec.numel(xp, in_shapes[0])))
+
+
+# ------------------------------------------------------------------ Softmax / norms
+
+def _axis_check(xp, rank, axis):
+  return (xp.asarray((axis >= 0) & (axis < rank)), "axis out of range (attributes store it >= 0)")
+
+
+def _softmax_rule(xp, in_shapes, in_ranks, attrs, n_inputs):
+  del n_inputs
+  return in_shapes[0].astype(xp.int32), in_ranks[0], [_axis_check(xp, in_ranks[0], attrs[0])]
+
+
+SOFTMAX = spec.register(OpSpec(
+    code=Op.SOFTMAX, name="Softmax", min_inputs=1, max_inputs=1, attrs=(AttrField("axis"),),
+    shape_rule=_softmax_rule,
+    lower=lambda inputs, a, out_shape, out_dtype: jax.nn.softmax(inputs[0], axis=a["axis"]),
+    flops=lambda xp, in_shapes, in_ranks, out_shape, attrs: 5.0 * spec.numel(xp, out_shape)))
+
+
+def _trailing_broadcast_ok(xp, x, xr, p, pr, axis):
+  """A scale/bias p must broadcast to the normalised trailing dims of x (from `axis`)."""
+  pos = spec.positions(xp)
+  in_norm = pos >= R - xr + axis
+  ok = xp.all(xp.where(in_norm, (p == x) | (p == 1), p == 1))
+  return ok & (pr <= xr - axis)
+
+
+def _layer_norm_rule(xp, in_shapes, in_ranks, attrs, n_inputs):
+  x, xr, axis = in_shapes[0], in_ranks[0], attrs[0]
+  checks = [_axis_check(xp, xr, axis),
+            (xp.asarray(_trailing_broadcast_ok(xp, x, xr, in_shapes[1], in_ranks[1], axis)),
+             "scale must broadcast over the normalised dims")]
+  if in_shapes.shape[0] > 2:
+    has_bias = xp.asarray(n_inputs) >= 3
+    checks.append((xp.asarray(~has_bias | _trailing_broadcast_ok(
+        xp, x, xr, in_shapes[2], in_ranks[2], axis)), "bias must broadcast over the normalised dims"))
+  return x.astype(xp.int32), xr, checks
+
+
+def _layer_norm_lower(inputs, a, out_shape, out_dtype):
+  x = inputs[0]
+  axes = tuple(range(a["axis"], x.ndim))
+  mean = jnp.mean(x, axis=axes, keepdims=True)
+  var = jnp.mean(jnp.square(x - mean), axis=axes, keepdims=True)
+  y = (x - mean) * lax.rsqrt(var + jnp.asarray(a["epsilon"], x.dtype)) * inputs[1]
+  if len(inputs) > 2:
+    y = y + inputs[2]
+  return y
+
+
+LAYER_NORM = spec.register(OpSpec(
+    code=Op.LAYER_NORM, name="LayerNorm", min_inputs=2, max_inputs=3,
+    attrs=(AttrField("axis"), AttrField("epsilon", kind="float", default=1e-5)),
+    shape_rule=_layer_norm_rule, lower=_layer_norm_lower,
+    flops=lambda xp, in_shapes, in_ranks, out_shape, attrs: 8.0 * spec.numel(xp, out_shape)))
+
+
+def _batch_norm_rule(xp, in_shapes, in_ranks, attrs, n_inputs):
+  del attrs, n_inputs
+  x = in_shapes[0]
+  c = x[R - in_ranks[0] + 1]
+  ok = xp.asarray(True)
+  for i in range(1, 5):
+    ok = ok & (in_ranks[i] == 1) & (in_shapes[i][R - 1] == c)
+  checks = [(xp.asarray(in_ranks[0] >= 2), "input must be rank >= 2 (N, C, ...)"),
+            (xp.asarray(ok), "scale, bias, mean and var must be rank 1 of size C")]
+  return x.astype(xp.int32), in_ranks[0], checks
+
+
+def _batch_norm_lower(inputs, a, out_shape, out_dtype):
+  x, scale, bias, mean, var = inputs
+  shape = (1, -1) + (1,) * (x.ndim - 2)
+  inv = scale * lax.rsqrt(var + jnp.asarray(a["epsilon"], var.dtype))
+  return (x - mean.reshape(shape)) * inv.reshape(shape) + bias.reshape(shape)
+
+
+BATCH_NORM = spec.register(OpSpec(
+    code=Op.BATCH_NORM, name="BatchNorm", min_inputs=5, max_inputs=5,
+    attrs=(AttrField("epsilon", kind="float", default=1e-5),),
+    shape_rule=_batch_norm_rule, lower=_batch_norm_lower,
+    flops=lambda xp, in_shapes, in_ranks, out_shape, attrs: 2.0 * spec.numel(xp, out_shape),
+    elementwise=True))
+
+
+# ------------------------------------------------------------------ Reductions
+# axes: a bit mask over the input's axes; keepdims: keep reduced axes as size 1.
+
+def _reduce_rule(xp, in_shapes, in_ranks, attrs, n_inputs):
+  del n_inputs
+  x, xr, bits, keep = in_shapes[0], in_ranks[0], attrs[0], attrs[1]
+  mask = spec.axis_mask(xp, xr, bits)
+  kept_shape = xp.where(mask, 1, x).astype(xp.int32)
+  dropped, dropped_rank = spec.drop_axes(xp, x, xr, mask)
+  out = xp.where(keep != 0, kept_shape, dropped)
+  rank = xp.where(keep != 0, xr, dropped_rank)
+  checks = [(xp.asarray((bits >= 1) & (bits < (1 << xr))), "axes must name existing axes")]
+  return out.astype(xp.int32), rank, checks
+
+
+def _reduce_axes(bits: int, rank: int) -> tuple[int, ...]:
+  return tuple(i for i in range(rank) if (bits >> i) & 1)
+
+
+def _reduce_lower(fn):
+  def lower(inputs, a, out_shape, out_dtype):
+    x = inputs[0]
+    return fn(x, axis=_reduce_axes(a["axes"], x.ndim), keepdims=bool(a["keepdims"]))
+  return lower
+
+
+_REDUCE_ATTRS = (AttrField("axes"), AttrField("keepdims", kind="bool", default=True))
+REDUCE_MEAN = spec.register(OpSpec(
+    code=Op.REDUCE_MEAN, name="ReduceMean", min_inputs=1, max_inputs=1, attrs=_REDUCE_ATTRS,
+    shape_rule=_reduce_rule, lower=_reduce_lower(jnp.mean),
+    flops=lambda xp, in_shapes, in_ranks, out_shape, attrs: spec.numel(xp, in_shapes[0])))
+REDUCE_SUM = spec.register(OpSpec(
+    code=Op.REDUCE_SUM, name="ReduceSum", min_inputs=1, max_inputs=1, attrs=_REDUCE_ATTRS,
+    shape_rule=_reduce_rule, lower=_reduce_lower(jnp.sum),
+    flops=lambda xp, in_shapes, in_ranks, out_shape, attrs: spec.numel(xp, in_shapes[0])))
+
+
+# ------------------------------------------------------------------ TASO weight transforms
+
+def _enlarge_rule(xp, in_shapes, in_ranks, attrs, n_inputs):
+  del n_inputs
+  w = in_shapes[0]
+  kh, kw = attrs[0], attrs[1]
+  pos = spec.positions(xp)
+  out = xp.where(pos == R - 2, kh, xp.where(pos == R - 1, kw, w)).astype(xp.int32)
+  checks = [(xp.asarray(in_ranks[0] == 4), "weight must be rank 4 (OIHW)"),
+            (xp.asarray((kh >= w[R - 2]) & (kw >= w[R - 1])), "target kernel smaller than weight"),
+            (xp.asarray(((kh - w[R - 2]) % 2 == 0) & ((kw - w[R - 1]) % 2 == 0)),
+             "kernel growth must be even so the old kernel stays centred")]
+  return out, in_ranks[0], checks
+
+
+def _enlarge_lower(inputs, a, out_shape, out_dtype):
+  w = inputs[0]
+  dh, dw = (a["kernel"][0] - w.shape[2]) // 2, (a["kernel"][1] - w.shape[3]) // 2
+  return jnp.pad(w, ((0, 0), (0, 0), (dh, dh), (dw, dw)))
+
+
+ENLARGE = spec.register(OpSpec(
+    code=Op.ENLARGE, name="Enlarge", min_inputs=1, max_inputs=1,
+    attrs=(AttrField("kernel", 2, default=(1, 1)),),
+    shape_rule=_enlarge_rule, lower=_enlarge_lower,
+    flops=lambda xp, in_shapes, in_ranks, out_shape, attrs: 0.0 * spec.numel(xp, out_shape)))
+
+
+def _merge_gconv_rule(xp, in_shapes, in_ranks, attrs, n_inputs):
+  del n_inputs
+  w = in_shapes[0]
+  groups, count = attrs[0], attrs[1]
+  out = xp.where(spec.positions(xp) == R - 3, w[R - 3] * count, w).astype(xp.int32)
+  g = xp.maximum(groups, 1)
+  c = xp.maximum(count, 1)
+  checks = [(xp.asarray(in_ranks[0] == 4), "weight must be rank 4 (OIHW)"),
+            (xp.asarray((groups >= 1) & (count >= 1) & (groups % c == 0)),
+             "groups must be a multiple of count"),
+            (xp.asarray(w[R - 4] % g == 0), "output channels must divide by groups")]
+  return out, in_ranks[0], checks
+
+
+def _merge_gconv_lower(inputs, a, out_shape, out_dtype):
+  """[O, I/g, kh, kw] with g groups -> [O, count*I/g, kh, kw] with g/count groups.
+
+  Output channel o (old group o // (O/g)) keeps its weights in block (old group % count) of the
+  merged group's input channels and zeros elsewhere.
+  """
+  w = inputs[0]
+  o, ig = w.shape[0], w.shape[1]
+  groups, count = a["groups"], a["count"]
+  block = (jnp.arange(o) // (o // groups)) % count  # [O]
+  onehot = (block[:, None] == jnp.arange(count)[None, :]).astype(w.dtype)  # [O, count]
+  merged = onehot[:, :, None, None, None] * w[:, None]  # [O, count, I/g, kh, kw]
+  return merged.reshape(o, count * ig, w.shape[2], w.shape[3])
+
+
+MERGE_GCONV = spec.register(OpSpec(
+    code=Op.MERGE_GCONV, name="MergeGConv", min_inputs=1, max_inputs=1,
+    attrs=(AttrField("groups", default=1), AttrField("count", default=1)),
+    shape_rule=_merge_gconv_rule, lower=_merge_gconv_lower,
+    flops=lambda xp, in_shapes, in_ranks, out_shape, attrs: 0.0 * spec.numel(xp, out_shape)))
