@@ -260,3 +260,29 @@ def op_histogram(graph: layout.Graph) -> dict[str, int]:
 def num_nodes(graph: layout.Graph) -> int:
   """Number of alive nodes."""
   return int(np.asarray(graph.nodes["alive"]).sum())
+
+
+def permute_slots(graph: layout.Graph, new_to_old: np.ndarray) -> layout.Graph:
+  """The same graph with its slots renumbered: new slot i holds old slot new_to_old[i].
+
+  Useful to prove that nothing depends on slot placement (the structural hash, the executor).
+  """
+  g = _host(graph)
+  n = layout.capacity(g)
+  new_to_old = np.asarray(new_to_old, np.int64)
+  if sorted(new_to_old.tolist()) != list(range(n)):
+    raise ValueError(f"new_to_old must be a permutation of 0..{n - 1}")
+  old_to_new = np.empty(n, np.int64)
+  old_to_new[new_to_old] = np.arange(n)
+  arrays = {f: np.asarray(g.nodes[f])[new_to_old] for f in layout.NODE_FIELDS}
+  table = layout.input_table(g)[new_to_old]
+  arrays["inputs"] = np.where(table >= 0, old_to_new[np.maximum(table, 0)], -1).astype(np.int32)
+  return layout.from_arrays(arrays)
+
+
+def to_arrays(graph: layout.Graph) -> dict[str, np.ndarray]:
+  """Writable numpy copies of the node arrays plus the `inputs` table (see layout.from_arrays)."""
+  g = _host(graph)
+  arrays = {f: np.array(g.nodes[f]) for f in layout.NODE_FIELDS}
+  arrays["inputs"] = np.array(layout.input_table(g))
+  return arrays

@@ -1,0 +1,1 @@
+"""Experiment binaries (absl flags); run from the repository root with `python -m experiments.X`."""
