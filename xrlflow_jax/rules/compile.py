@@ -1,0 +1,334 @@
+"""Compiles a `Rule` into a vectorised matcher and an edit builder.
+
+Matching, for one rule, with no Python loop over nodes:
+  1. Candidates. A single-root pattern anchors its root at every slot (N candidates). A pattern
+     with 2 or 3 roots (two matmuls reading one tensor; two slices of one concat) joins them on
+     the element they share: each slot's join key is the node reached from it along the root's
+     path to the shared element, slots are sorted by key, and roots are paired with the next
+     `join_window` slots of equal key (searchsorted on the sorted keys). No N x N mask.
+  2. Binding. From the roots, every source op and variable is bound by gathers over the input
+     table; a variable reached twice must bind one node. Checks: op codes, arity, alive,
+     distinct source nodes, constant variables, internal outputs used only inside the pattern
+     and not graph outputs, enough free slots, no cycle after the rewrite (depth test), and the
+     rule's own constraint. All per candidate, `vmap`ped.
+  3. Compaction of valid candidates into L locations (`jnp.nonzero(size=L)`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from xrlflow_jax import ops
+from xrlflow_jax.graph import layout
+from xrlflow_jax.ops import MAX_RANK as R
+from xrlflow_jax.rules import edit as edit_lib
+from xrlflow_jax.rules.pattern import MatchView, Ref, Rule, encode_attrs_jit
+
+DEFAULT_MAX_LOCATIONS = 64
+DEFAULT_JOIN_WINDOW = 4
+
+
+class Features:
+  """What every rule's matcher needs, computed once per graph per step (inside the trace)."""
+
+  def __init__(self, graph: layout.Graph, need_depth: bool):
+    n = graph.nodes["op"].shape[-1]
+    self.graph = graph
+    self.n = n
+    self.table = layout.input_table(graph)  # int32[N, K]
+    self.k = self.table.shape[-1]
+    self.n_inputs = (self.table >= 0).sum(-1).astype(jnp.int32)  # [N]
+    self.alive = graph.nodes["alive"]
+    self.op = graph.nodes["op"]
+    used = graph.edges["valid"] & self.alive[graph.receivers]
+    self.consumers = jax.ops.segment_sum(used.astype(jnp.int32), graph.senders, num_segments=n)
+    self.free = (~self.alive).sum().astype(jnp.int32)
+    self.depth = node_depth(self.table, self.alive) if need_depth else None
+    self._sorted: dict[Any, tuple[jax.Array, jax.Array]] = {}
+
+  def join_keys(self, op: int, path: tuple[int, ...]) -> jax.Array:
+    """int32[N]: for slots holding `op`, the node reached along `path`; N elsewhere."""
+    key = jnp.arange(self.n, dtype=jnp.int32)
+    ok = self.alive & (self.op == op)
+    for k in path:
+      nxt = self.table[key, k]
+      ok = ok & (nxt >= 0)
+      key = jnp.maximum(nxt, 0)
+    return jnp.where(ok, key, self.n)
+
+  def sorted_keys(self, op: int, path: tuple[int, ...]) -> tuple[jax.Array, jax.Array]:
+    """(order, sorted keys) of `join_keys`, cached so rules sharing a join sort once."""
+    if (op, path) not in self._sorted:
+      keys = self.join_keys(op, path)
+      order = jnp.argsort(keys, stable=True).astype(jnp.int32)
+      self._sorted[(op, path)] = (order, keys[order])
+    return self._sorted[(op, path)]
+
+
+def node_depth(table: jax.Array, alive: jax.Array) -> jax.Array:
+  """int32[N]: longest path from a source to each node (a fixed point of edge relaxation).
+
+  An edge u -> v always has depth[u] < depth[v], so depth[a] <= depth[b] proves that a does
+  not depend on b.
+  """
+  def body(state):
+    depth, _ = state
+    inputs = jnp.where(table >= 0, depth[jnp.maximum(table, 0)] + 1, 0)
+    new = jnp.where(alive, inputs.max(-1), 0)
+    return new, jnp.any(new != depth)
+  depth0 = jnp.zeros(table.shape[0], jnp.int32)
+  depth, _ = jax.lax.while_loop(lambda s: s[1], body, (depth0, jnp.asarray(True)))
+  return depth
+
+
+@dataclasses.dataclass(frozen=True)
+class MatchResult:
+  """Locations of one rule: valid bool[L], nodes int32[L, P] (-1 where invalid), found int32[]
+  (valid candidates before truncation to L)."""
+  valid: jax.Array
+  nodes: jax.Array
+  found: jax.Array
+
+
+def _paths(rule: Rule, root: int) -> dict[Ref, tuple[int, ...]]:
+  """Shortest input-index path from a root to every element of its subtree."""
+  out: dict[Ref, tuple[int, ...]] = {Ref("src", root): ()}
+  frontier = [Ref("src", root)]
+  while frontier:
+    nxt = []
+    for ref in frontier:
+      for k, child in enumerate(rule.src[ref.index].inputs):
+        if child not in out:
+          out[child] = out[ref] + (k,)
+          if child.kind == "src":
+            nxt.append(child)
+    frontier = nxt
+  return out
+
+
+class CompiledRule:
+  """A rule compiled to `match(graph, features)` and `edit(graph, nodes)`."""
+
+  def __init__(self, rule: Rule, max_locations: int = DEFAULT_MAX_LOCATIONS,
+               join_window: int = DEFAULT_JOIN_WINDOW):
+    self.rule = rule
+    self.max_locations = max_locations
+    self.join_window = join_window
+    self.roots = rule.roots()
+    self.num_vars = len(rule.vars)
+    self.uses = [sum(1 for s in rule.src for r in s.inputs if r == Ref("src", j))
+                 for j in range(len(rule.src))]
+    self.paths = [_paths(rule, r) for r in self.roots]
+    reached = set().union(*[set(p) for p in self.paths])
+    for i in range(len(rule.vars)):
+      assert Ref("var", i) in reached, f"{rule.name}: variable {rule.vars[i].name} unreachable"
+    self.join: list[tuple[int, tuple[int, ...]]] = []
+    if len(self.roots) > 1:
+      common = set(self.paths[0]).intersection(*self.paths[1:])
+      assert common, f"{rule.name}: roots share no element to join on"
+      shared = min(common, key=lambda ref: (max(len(p[ref]) for p in self.paths),
+                                            ref.kind != "var", ref.index))
+      self.join = [(int(rule.src[r].op), p[shared]) for r, p in zip(self.roots, self.paths)]
+      if rule.symmetric:
+        assert len(set(self.join)) == 1, f"{rule.name}: symmetric roots must join alike"
+      else:
+        assert len(self.roots) == 2, f"{rule.name}: 3 roots need symmetric=True"
+    # Cycle safety: a variable the target reads must not depend on a root it does not feed.
+    dst_reads = {r for d in rule.dst for r in d.inputs if r.kind == "var"}
+    dst_reads |= {by for _, by in rule.replace if by.kind == "var"}
+    self.depth_pairs = [(v.index, self.roots[i]) for v in sorted(dst_reads, key=lambda r: r.index)
+                        for i, p in enumerate(self.paths)
+                        if v not in p and not rule.vars[v.index].const]
+    self.needs_depth = bool(self.depth_pairs) and len(self.roots) > 1
+
+  # ------------------------------------------------------------------ matching
+  def _candidates(self, f: Features) -> tuple[jax.Array, jax.Array]:
+    """Root tuples int32[C, roots] and their validity bool[C]."""
+    n, d = f.n, self.join_window
+    if len(self.roots) == 1:
+      op = int(self.rule.src[self.roots[0]].op)
+      return jnp.arange(n, dtype=jnp.int32)[:, None], f.alive & (f.op == op)
+    if self.rule.symmetric:
+      order, keys = f.sorted_keys(*self.join[0])
+      i = jnp.arange(n)
+      if len(self.roots) == 2:
+        offset_sets = [(a,) for a in range(1, d + 1)]
+      else:
+        offset_sets = [(a, a + b) for a in range(1, d + 1) for b in range(1, d + 1)]
+      cands, valid = [], []
+      for offsets in offset_sets:
+        pos = [i] + [i + o for o in offsets]
+        ok = keys < n
+        for p in pos[1:]:
+          ok = ok & (p < n) & (keys[jnp.minimum(p, n - 1)] == keys)
+        cands.append(jnp.stack([order[jnp.minimum(p, n - 1)] for p in pos], -1))
+        valid.append(ok)
+      return jnp.concatenate(cands), jnp.concatenate(valid)
+    key0 = f.join_keys(*self.join[0])
+    order1, keys1 = f.sorted_keys(*self.join[1])
+    start = jnp.searchsorted(keys1, key0, side="left").astype(jnp.int32)
+    cands, valid = [], []
+    for a in range(d):
+      p = jnp.minimum(start + a, n - 1)
+      ok = (key0 < n) & (start + a < n) & (keys1[p] == key0)
+      cands.append(jnp.stack([jnp.arange(n, dtype=jnp.int32), order1[p]], -1))
+      valid.append(ok)
+    return jnp.concatenate(cands), jnp.concatenate(valid)
+
+  def _bind(self, f: Features, roots: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Binds one candidate: (ok bool[], nodes int32[P])."""
+    rule, v = self.rule, self.num_vars
+    bound: list[Any] = [None] * rule.num_slots
+    ok = jnp.asarray(True)
+    for i, r in enumerate(self.roots):
+      bound[v + r] = roots[i]
+    for j in reversed(range(len(rule.src))):
+      s = rule.src[j]
+      node = bound[v + j]
+      assert node is not None, f"{rule.name}: src{j} unreachable from the roots"
+      ok = ok & f.alive[node] & (f.op[node] == int(s.op)) & (f.n_inputs[node] == len(s.inputs))
+      for k, ref in enumerate(s.inputs):
+        child = jnp.maximum(f.table[node, k], 0) if k < f.k else jnp.int32(0)
+        idx = ref.index if ref.kind == "var" else v + ref.index
+        if bound[idx] is None:
+          bound[idx] = child
+        else:
+          ok = ok & (bound[idx] == child)
+    nodes = jnp.stack([jnp.asarray(b, jnp.int32) for b in bound])
+    src_nodes = nodes[v:]
+    for a in range(len(rule.src)):
+      for b in range(a + 1, len(rule.src)):
+        ok = ok & (src_nodes[a] != src_nodes[b])
+    removed = [v + j for j, s in enumerate(rule.src) if not s.keep]
+    for i, var in enumerate(rule.vars):
+      for j in removed:
+        ok = ok & (nodes[i] != nodes[j])
+      if var.const:
+        ok = ok & f.graph.nodes["is_constant"][nodes[i]]
+    roots = set(self.roots)
+    for j, s in enumerate(rule.src):
+      if s.keep or j in roots:
+        continue
+      node = nodes[v + j]
+      ok = ok & (f.consumers[node] == self.uses[j]) & ~f.graph.nodes["is_output"][node]
+    for root, by in rule.replace:
+      if by.kind != "dst":  # replaced by an existing node: it cannot take a second output role
+        idx = by.index if by.kind == "var" else v + by.index
+        ok = ok & ~(f.graph.nodes["is_output"][nodes[v + root.index]]
+                    & f.graph.nodes["is_output"][nodes[idx]])
+    ok = ok & (f.free >= len(rule.dst))
+    if self.needs_depth:
+      for var_i, root_j in self.depth_pairs:
+        ok = ok & (f.depth[nodes[var_i]] < f.depth[nodes[v + root_j]])
+    if rule.where is not None:
+      ok = ok & jnp.asarray(rule.where(MatchView(rule, f.graph, nodes)), bool)
+    return ok, nodes
+
+  def match(self, graph: layout.Graph, f: Features | None = None) -> MatchResult:
+    """All locations of this rule in `graph` (jittable; vmap over a batch of graphs)."""
+    f = f or Features(graph, self.needs_depth)
+    cands, cvalid = self._candidates(f)
+    ok, nodes = jax.vmap(lambda c: self._bind(f, c))(cands)
+    ok = ok & cvalid
+    found = ok.sum().astype(jnp.int32)
+    (idx,) = jnp.nonzero(ok, size=self.max_locations, fill_value=0)
+    valid = jnp.arange(self.max_locations) < found
+    nodes = jnp.where(valid[:, None], nodes[idx], -1)
+    return MatchResult(valid, nodes, found)
+
+  # ------------------------------------------------------------------ editing
+  def edit(self, graph: layout.Graph, nodes: jax.Array, m: int, q: int, fr: int) -> edit_lib.Edit:
+    """The edit for one location (`nodes` int32[P] from `match`), padded to (m, q, fr)."""
+    rule = self.rule
+    k = layout.input_table(graph).shape[-1]
+    n = graph.nodes["op"].shape[-1]
+    nodes = jnp.maximum(nodes, 0)
+    view = MatchView(rule, graph, nodes, new={})
+    ok = jnp.asarray(True)
+    rows = []
+    for t, d in enumerate(rule.dst):
+      spec = ops.get(d.op)
+      width = max(k, 3)
+      in_shapes = jnp.ones([width, R], jnp.int32)
+      in_ranks = jnp.zeros([width], jnp.int32)
+      kinds = np.zeros([k], np.int32)
+      refs = [jnp.int32(0)] * k
+      in_dtypes, in_const = [], []
+      for i, ref in enumerate(d.inputs):
+        if ref.kind == "dst":
+          kinds[i], refs[i] = edit_lib.NEW, jnp.int32(ref.index)
+        else:
+          kinds[i], refs[i] = edit_lib.EXISTING, view.node(ref)
+        in_shapes = in_shapes.at[i].set(view.shape(ref))
+        in_ranks = in_ranks.at[i].set(view.rank(ref))
+        in_dtypes.append(view.dtype(ref))
+        in_const.append(view.const(ref))
+      base = view.attrs(d.like) if d.like is not None else None
+      values = {name: (fn(view) if callable(fn) else fn) for name, fn in d.attrs}
+      vec = encode_attrs_jit(d.op, base, values)
+      shape, rank, checks = spec.shape_rule(jnp, in_shapes, in_ranks, vec, len(d.inputs))
+      for c, _ in checks:
+        ok = ok & c
+      if spec.dtype_rule.startswith("attr:"):
+        dtype = view_attr_from_vec(d.op, vec, spec.dtype_rule[5:])
+      else:
+        dtype = in_dtypes[1 if spec.dtype_rule == "input1" else 0]
+      const = jnp.asarray(True)
+      for c in in_const:
+        const = const & c
+      view.new[t] = {"shape": jnp.asarray(shape, jnp.int32), "rank": jnp.asarray(rank, jnp.int32),
+                     "dtype": jnp.asarray(dtype, jnp.int32), "attrs": vec, "is_constant": const}
+      rows.append((int(d.op), kinds, jnp.stack(refs)))
+    # A replacement must produce exactly the tensor it replaces.
+    red_old, red_kind, red_ref = [], [], []
+    for root, by in rule.replace:
+      ok = ok & view.same_shape(root, by) & (view.dtype(root) == view.dtype(by))
+      red_old.append(view.node(root))
+      if by.kind == "dst":
+        red_kind.append(edit_lib.NEW)
+        red_ref.append(jnp.int32(by.index))
+      else:
+        red_kind.append(edit_lib.EXISTING)
+        red_ref.append(view.node(by))
+    free = [view.node(Ref("src", j)) for j, s in enumerate(rule.src) if not s.keep]
+
+    def pad(values, size, fill, dtype):
+      values = [jnp.asarray(x, dtype) for x in values]
+      values += [jnp.asarray(fill, dtype)] * (size - len(values))
+      return jnp.stack(values) if values else jnp.zeros([0], dtype)
+
+    nd = len(rule.dst)
+    new = view.new
+    return edit_lib.Edit(
+        new_valid=jnp.arange(m) < nd,
+        new_op=pad([r[0] for r in rows], m, 0, jnp.int32),
+        new_attrs=pad([new[t]["attrs"] for t in range(nd)], m, jnp.zeros([ops.ATTR_WIDTH]),
+                      jnp.int32),
+        new_shape=pad([new[t]["shape"] for t in range(nd)], m, jnp.ones([R]), jnp.int32),
+        new_rank=pad([new[t]["rank"] for t in range(nd)], m, 0, jnp.int32),
+        new_dtype=pad([new[t]["dtype"] for t in range(nd)], m, 0, jnp.int32),
+        new_const=pad([new[t]["is_constant"] for t in range(nd)], m, False, bool),
+        in_kind=pad([r[1] for r in rows], m, np.zeros([k]), jnp.int32),
+        in_ref=pad([r[2] for r in rows], m, np.zeros([k]), jnp.int32),
+        red_old=pad(red_old, q, n, jnp.int32),
+        red_kind=pad(red_kind, q, 0, jnp.int32),
+        red_ref=pad(red_ref, q, 0, jnp.int32),
+        free=pad(free, fr, n, jnp.int32),
+        ok=ok)
+
+  def apply(self, graph: layout.Graph, nodes: jax.Array) -> tuple[layout.Graph, jax.Array]:
+    """Applies this rule at one location; returns (graph, applied)."""
+    e = self.edit(graph, nodes, max(len(self.rule.dst), 1), max(len(self.rule.replace), 1),
+                  max(len(self.rule.src), 1))
+    return edit_lib.apply_edit(graph, e)
+
+
+def view_attr_from_vec(op: Any, vec: jax.Array, name: str) -> jax.Array:
+  """A decoded int attribute from an attribute vector (inside jit)."""
+  offset, _ = ops.get(op).attr_offsets()[name]
+  return vec[offset]

@@ -1,0 +1,135 @@
+"""The edit: a small fixed-size description of one rewrite, and the one kernel that applies it.
+
+Rule-specific code only computes an `Edit` (which ops to add, with their op codes, attributes,
+shapes and inputs; which consumers to redirect; which ops to free). `apply_edit` performs the
+array surgery for any edit, so under `vmap` (where `lax.switch` evaluates every branch) the
+expensive part runs once per step, not once per rule.
+"""
+
+from __future__ import annotations
+
+import chex
+import jax
+import jax.numpy as jnp
+
+from xrlflow_jax.graph import layout
+from xrlflow_jax.graph import transforms
+
+NONE, EXISTING, NEW = 0, 1, 2  # kinds of a reference in an edit
+
+
+@chex.dataclass(frozen=True)
+class Edit:
+  """One rewrite as data (M new nodes, Q redirects, F freed nodes, K input slots).
+
+  Attributes:
+    new_valid: bool[M]; new_op, new_rank, new_dtype: int32[M]; new_attrs: int32[M, A];
+    new_shape: int32[M, R]; new_const: bool[M].
+    in_kind, in_ref: int32[M, K]: input k of new node j is nothing (NONE), an existing slot
+      (EXISTING, ref = slot) or new node ref (NEW, ref < j).
+    red_old: int32[Q]: a node whose consumers (and output role) move (N = none);
+    red_kind, red_ref: int32[Q]: the replacement, EXISTING slot or NEW node.
+    free: int32[F]: nodes removed (N = none).
+    ok: bool[]: the edit is well formed (shape rules passed).
+  """
+  new_valid: jax.Array
+  new_op: jax.Array
+  new_attrs: jax.Array
+  new_shape: jax.Array
+  new_rank: jax.Array
+  new_dtype: jax.Array
+  new_const: jax.Array
+  in_kind: jax.Array
+  in_ref: jax.Array
+  red_old: jax.Array
+  red_kind: jax.Array
+  red_ref: jax.Array
+  free: jax.Array
+  ok: jax.Array
+
+
+def _free_unused(nodes: dict, table: jax.Array) -> tuple[dict, jax.Array]:
+  """Frees alive nodes nobody reads that are neither outputs nor graph inputs, to a fixed point."""
+  n = table.shape[0]
+
+  def counts(alive, table):
+    used = (table >= 0) & alive[:, None]
+    return jax.ops.segment_sum(used.reshape(-1).astype(jnp.int32),
+                               jnp.where(used, table, n).reshape(-1), num_segments=n)
+
+  def removable(alive, table):
+    return alive & (counts(alive, table) == 0) & ~nodes["is_output"] & (nodes["input_index"] < 0)
+
+  def body(state):
+    alive, table, _ = state
+    dead = removable(alive, table)
+    alive = alive & ~dead
+    table = jnp.where(dead[:, None], -1, table)
+    return alive, table, jnp.any(removable(alive, table))
+
+  alive, table, _ = jax.lax.while_loop(
+      lambda s: s[2], body,
+      (nodes["alive"], table, jnp.any(removable(nodes["alive"], table))))
+  return {**nodes, "alive": alive}, table
+
+
+def apply_edit(graph: layout.Graph, edit: Edit) -> tuple[layout.Graph, jax.Array]:
+  """Applies `edit`; returns (new graph, applied). When not applicable the graph is unchanged.
+
+  Steps: claim the lowest free slots for the new nodes, write their features and inputs,
+  redirect consumers (and output roles) of replaced nodes, free the listed nodes, then free
+  whatever no longer reaches anything (a cascade, usually zero or one round).
+  """
+  n = graph.nodes["op"].shape[-1]
+  m = edit.new_valid.shape[0]
+  nodes = dict(graph.nodes)
+  table = layout.input_table(graph)  # [N, K]
+
+  slots, _ = transforms.allocate_slots(graph, m)
+  rank_in_new = jnp.cumsum(edit.new_valid.astype(jnp.int32)) - 1
+  slot = jnp.where(edit.new_valid, slots[jnp.clip(rank_in_new, 0, m - 1)], n)  # [M]
+  enough = jnp.all(~edit.new_valid | (slot < n))
+  ok = edit.ok & enough
+
+  def put(field, values):
+    nodes[field] = nodes[field].at[slot].set(values.astype(nodes[field].dtype), mode="drop")
+
+  put("op", edit.new_op)
+  put("attrs", edit.new_attrs)
+  put("shape", edit.new_shape)
+  put("rank", edit.new_rank)
+  put("dtype", edit.new_dtype)
+  put("is_constant", edit.new_const)
+  put("alive", jnp.ones([m], bool))
+  put("is_output", jnp.zeros([m], bool))
+  put("output_index", jnp.full([m], -1))
+  put("input_index", jnp.full([m], -1))
+  put("param_id", jnp.full([m], -1))
+  new_inputs = jnp.where(edit.in_kind == EXISTING, edit.in_ref,
+                         jnp.where(edit.in_kind == NEW, slot[jnp.clip(edit.in_ref, 0, m - 1)], -1))
+  table = table.at[slot].set(new_inputs, mode="drop")
+
+  target = jnp.where(edit.red_kind == EXISTING, edit.red_ref,
+                     slot[jnp.clip(edit.red_ref, 0, m - 1)])  # [Q]
+  for q in range(edit.red_old.shape[0]):
+    old, new = edit.red_old[q], target[q]
+    active = old < n
+    table = jnp.where(active & (table == old), new, table)
+    was_output = active & nodes["is_output"][jnp.clip(old, 0, n - 1)]
+    out_index = nodes["output_index"][jnp.clip(old, 0, n - 1)]
+    dest = jnp.where(was_output, new, n)
+    nodes["is_output"] = nodes["is_output"].at[dest].set(True, mode="drop")
+    nodes["output_index"] = nodes["output_index"].at[dest].set(out_index, mode="drop")
+    src = jnp.where(was_output, old, n)
+    nodes["is_output"] = nodes["is_output"].at[src].set(False, mode="drop")
+    nodes["output_index"] = nodes["output_index"].at[src].set(-1, mode="drop")
+
+  nodes["alive"] = nodes["alive"].at[edit.free].set(False, mode="drop")
+  table = table.at[edit.free].set(-1, mode="drop")
+  nodes, table = _free_unused(nodes, table)
+
+  valid = table >= 0
+  new_graph = graph._replace(nodes=nodes, edges={**graph.edges, "valid": valid.reshape(-1)},
+                             senders=jnp.where(valid, table, n).reshape(-1).astype(jnp.int32))
+  out = jax.tree_util.tree_map(lambda a, b: jnp.where(ok, a, b), new_graph, graph)
+  return out, ok

@@ -1,0 +1,248 @@
+"""Merge rules: matmuls sharing an input or a weight, convolutions sharing an input, kernel
+enlargement so convolutions can merge, grouped-convolution merging, and their inverses."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+
+from xrlflow_jax.ops import MAX_RANK as R
+from xrlflow_jax.ops import Op
+from xrlflow_jax.rules.pattern import MatchView, Ref, Rule, RuleBuilder
+
+
+def equal_except(m: MatchView, a: Ref, b: Ref, position: int) -> jnp.ndarray:
+  """Same rank and same dims except the one at padded position `position`."""
+  pos = jnp.arange(R)
+  return (m.rank(a) == m.rank(b)) & jnp.all((pos == position) | (m.shape(a) == m.shape(b)))
+
+
+def last_axis(ref: Ref):
+  return lambda m: m.rank(ref) - 1
+
+
+def merge_matmul_shared_input(ways: int) -> Rule:
+  """x @ w1, x @ w2 (, x @ w3) -> slices of x @ concat(w1, w2 (, w3)); weights constant."""
+  r = RuleBuilder(f"merge_matmul_shared_input_{ways}", "merge_matmul", symmetric=True,
+                  inverse="split_matmul_shared_input_2" if ways == 2 else None,
+                  description="matmuls reading one tensor become one matmul on concatenated "
+                              "weights (attention's Q/K/V)")
+  x = r.var("x")
+  ws = [r.var(f"w{i}", const=True) for i in range(ways)]
+  mms = [r.src(Op.MATMUL, x, w) for w in ws]
+  for w, mm in zip(ws[1:], mms[1:]):
+    r.where(lambda m, w=w, mm=mm: equal_except(m, ws[0], w, R - 1)
+            & (m.attr(mm, "activation") == m.attr(mms[0], "activation")))
+  c = r.dst(Op.CONCAT, *ws, axis=last_axis(ws[0]))
+  big = r.dst(Op.MATMUL, x, c, activation=lambda m: m.attr(mms[0], "activation"))
+  start = 0
+  for i, (w, mm) in enumerate(zip(ws, mms)):
+    lo = (lambda m, i=i: sum(m.dim(ws[j], -1) for j in range(i)) + jnp.int32(0))
+    hi = (lambda m, i=i: sum(m.dim(ws[j], -1) for j in range(i + 1)))
+    s = r.dst(Op.SLICE, big, axis=last_axis(mms[0]), start=lo, end=hi)
+    r.replace(mm, s)
+  del start
+  return r.build()
+
+
+def split_matmul_shared_input() -> Rule:
+  """Inverse of the 2-way merge: slices of x @ concat(w1, w2) -> x @ w1, x @ w2."""
+  r = RuleBuilder("split_matmul_shared_input_2", "merge_matmul",
+                  inverse="merge_matmul_shared_input_2",
+                  description="undo a merged matmul")
+  x, w1, w2 = r.var("x"), r.var("w1", const=True), r.var("w2", const=True)
+  c = r.src(Op.CONCAT, w1, w2)
+  mm = r.src(Op.MATMUL, x, c)
+  s1 = r.src(Op.SLICE, mm)
+  s2 = r.src(Op.SLICE, mm)
+  n1 = lambda m: m.dim(w1, -1)
+  r.where(lambda m: (m.attr(c, "axis") == m.rank(w1) - 1)
+          & (m.attr(s1, "axis") == m.rank(mm) - 1) & (m.attr(s2, "axis") == m.rank(mm) - 1)
+          & (m.attr(s1, "start") == 0) & (m.attr(s1, "end") == n1(m))
+          & (m.attr(s2, "start") == n1(m)) & (m.attr(s2, "end") == n1(m) + m.dim(w2, -1))
+          & (m.attr(s1, "step") == 1) & (m.attr(s2, "step") == 1))
+  act = lambda m: m.attr(mm, "activation")
+  r.replace(s1, r.dst(Op.MATMUL, x, w1, activation=act))
+  r.replace(s2, r.dst(Op.MATMUL, x, w2, activation=act))
+  return r.build()
+
+
+def merge_matmul_shared_weight() -> Rule:
+  """x1 @ w, x2 @ w -> row slices of concat(x1, x2) @ w (concat on the batch side)."""
+  r = RuleBuilder("merge_matmul_shared_weight", "merge_matmul", symmetric=True,
+                  inverse="split_matmul_shared_weight",
+                  description="matmuls sharing a weight become one taller matmul")
+  x1, x2, w = r.var("x1"), r.var("x2"), r.var("w")
+  m1 = r.src(Op.MATMUL, x1, w)
+  m2 = r.src(Op.MATMUL, x2, w)
+  r.where(lambda m: equal_except(m, x1, x2, R - 2) & (m.rank(w) == 2)
+          & (m.attr(m1, "activation") == m.attr(m2, "activation")))
+  rows = lambda ref: (lambda m: m.rank(ref) - 2)
+  c = r.dst(Op.CONCAT, x1, x2, axis=rows(x1))
+  big = r.dst(Op.MATMUL, c, w, activation=lambda m: m.attr(m1, "activation"))
+  r.replace(m1, r.dst(Op.SLICE, big, axis=rows(m1), start=0, end=lambda m: m.dim(x1, -2)))
+  r.replace(m2, r.dst(Op.SLICE, big, axis=rows(m1), start=lambda m: m.dim(x1, -2),
+                      end=lambda m: m.dim(x1, -2) + m.dim(x2, -2)))
+  return r.build()
+
+
+def split_matmul_shared_weight() -> Rule:
+  """Inverse: row slices of concat(x1, x2) @ w -> x1 @ w, x2 @ w."""
+  r = RuleBuilder("split_matmul_shared_weight", "merge_matmul",
+                  inverse="merge_matmul_shared_weight", description="undo a row-merged matmul")
+  x1, x2, w = r.var("x1"), r.var("x2"), r.var("w")
+  c = r.src(Op.CONCAT, x1, x2)
+  mm = r.src(Op.MATMUL, c, w)
+  s1 = r.src(Op.SLICE, mm)
+  s2 = r.src(Op.SLICE, mm)
+  n1 = lambda m: m.dim(x1, -2)
+  r.where(lambda m: (m.attr(c, "axis") == m.rank(x1) - 2)
+          & (m.attr(s1, "axis") == m.rank(mm) - 2) & (m.attr(s2, "axis") == m.rank(mm) - 2)
+          & (m.attr(s1, "start") == 0) & (m.attr(s1, "end") == n1(m))
+          & (m.attr(s2, "start") == n1(m)) & (m.attr(s2, "end") == n1(m) + m.dim(x2, -2))
+          & (m.attr(s1, "step") == 1) & (m.attr(s2, "step") == 1))
+  act = lambda m: m.attr(mm, "activation")
+  r.replace(s1, r.dst(Op.MATMUL, x1, w, activation=act))
+  r.replace(s2, r.dst(Op.MATMUL, x2, w, activation=act))
+  return r.build()
+
+
+def merge_conv_shared_input(bias: bool) -> Rule:
+  """conv(x, w1), conv(x, w2) with equal attributes -> channel slices of conv(x, concat(w1, w2))."""
+  suffix = "_bias" if bias else ""
+  r = RuleBuilder(f"merge_conv_shared_input{suffix}", "merge_conv", symmetric=True,
+                  inverse=f"split_conv_shared_input{suffix}",
+                  description="convolutions reading one tensor with the same kernel, strides, "
+                              "pads and activation become one convolution")
+  x = r.var("x")
+  w1, w2 = r.var("w1", const=True), r.var("w2", const=True)
+  b1 = r.var("b1", const=True) if bias else None
+  b2 = r.var("b2", const=True) if bias else None
+  c1 = r.src(Op.CONV2D, x, w1, *([b1] if bias else []))
+  c2 = r.src(Op.CONV2D, x, w2, *([b2] if bias else []))
+  r.where(lambda m: jnp.all(m.attrs(c1) == m.attrs(c2)) & (m.attr(c1, "groups") == 1)
+          & equal_except(m, w1, w2, R - 4))
+  cw = r.dst(Op.CONCAT, w1, w2, axis=0)
+  extra = [r.dst(Op.CONCAT, b1, b2, axis=0)] if bias else []
+  conv = r.dst(Op.CONV2D, x, cw, *extra, like=c1)
+  o1 = lambda m: m.dim(w1, 0)
+  r.replace(c1, r.dst(Op.SLICE, conv, axis=1, start=0, end=o1))
+  r.replace(c2, r.dst(Op.SLICE, conv, axis=1, start=o1, end=lambda m: o1(m) + m.dim(w2, 0)))
+  return r.build()
+
+
+def split_conv_shared_input(bias: bool) -> Rule:
+  """Inverse: channel slices of conv(x, concat(w1, w2)) -> conv(x, w1), conv(x, w2)."""
+  suffix = "_bias" if bias else ""
+  r = RuleBuilder(f"split_conv_shared_input{suffix}", "merge_conv",
+                  inverse=f"merge_conv_shared_input{suffix}", description="undo a merged conv")
+  x = r.var("x")
+  w1, w2 = r.var("w1", const=True), r.var("w2", const=True)
+  b1 = r.var("b1", const=True) if bias else None
+  b2 = r.var("b2", const=True) if bias else None
+  cw = r.src(Op.CONCAT, w1, w2)
+  extra = [r.src(Op.CONCAT, b1, b2)] if bias else []
+  conv = r.src(Op.CONV2D, x, cw, *extra)
+  s1 = r.src(Op.SLICE, conv)
+  s2 = r.src(Op.SLICE, conv)
+  o1 = lambda m: m.dim(w1, 0)
+  cond = lambda m: ((m.attr(cw, "axis") == 0) & (m.attr(conv, "groups") == 1)
+                    & (m.attr(s1, "axis") == 1) & (m.attr(s2, "axis") == 1)
+                    & (m.attr(s1, "start") == 0) & (m.attr(s1, "end") == o1(m))
+                    & (m.attr(s2, "start") == o1(m)) & (m.attr(s2, "end") == o1(m) + m.dim(w2, 0))
+                    & (m.attr(s1, "step") == 1) & (m.attr(s2, "step") == 1))
+  if bias:
+    r.where(lambda m: cond(m) & (m.attr(extra[0], "axis") == 0))
+  else:
+    r.where(cond)
+  r.replace(s1, r.dst(Op.CONV2D, x, w1, *([b1] if bias else []), like=conv))
+  r.replace(s2, r.dst(Op.CONV2D, x, w2, *([b2] if bias else []), like=conv))
+  return r.build()
+
+
+def enlarge_conv_kernel(bias: bool, sibling_bias: bool) -> Rule:
+  """conv(x, w1) beside a conv(x, w2) with a larger kernel: zero-pad w1 to w2's kernel (and grow
+  the padding to match) so the two convolutions can then merge."""
+  name = "enlarge_conv_kernel" + ("_bias" if bias else "") + ("_sib_bias" if sibling_bias else "")
+  r = RuleBuilder(name, "enlarge_conv", inverse="shrink_conv_kernel" + ("_bias" if bias else ""),
+                  description="enlarge a smaller kernel to a sibling's size (TASO's enlarge)")
+  x, w1, w2 = r.var("x"), r.var("w1", const=True), r.var("w2")
+  b1 = r.var("b1") if bias else None
+  b2 = r.var("b2") if sibling_bias else None
+  c1 = r.src(Op.CONV2D, x, w1, *([b1] if bias else []))
+  c2 = r.src(Op.CONV2D, x, w2, *([b2] if sibling_bias else []), keep=True)
+  grow_h = lambda m: (m.dim(w2, 2) - m.dim(w1, 2)) // 2
+  grow_w = lambda m: (m.dim(w2, 3) - m.dim(w1, 3)) // 2
+  def cond(m):
+    p1, p2 = m.attr(c1, "pads"), m.attr(c2, "pads")
+    gh, gw = grow_h(m), grow_w(m)
+    bigger = (m.dim(w2, 2) >= m.dim(w1, 2)) & (m.dim(w2, 3) >= m.dim(w1, 3)) & (
+        (m.dim(w2, 2) > m.dim(w1, 2)) | (m.dim(w2, 3) > m.dim(w1, 3)))
+    even = ((m.dim(w2, 2) - m.dim(w1, 2)) % 2 == 0) & ((m.dim(w2, 3) - m.dim(w1, 3)) % 2 == 0)
+    pads_ok = jnp.all(p2 == p1 + jnp.stack([gh, gw, gh, gw]))
+    return (bigger & even & pads_ok & jnp.all(m.attr(c1, "strides") == m.attr(c2, "strides"))
+            & jnp.all(m.attr(c1, "dilations") == 1) & jnp.all(m.attr(c2, "dilations") == 1)
+            & (m.attr(c1, "groups") == 1) & (m.attr(c2, "groups") == 1))
+  r.where(cond)
+  e = r.dst(Op.ENLARGE, w1, kernel=lambda m: jnp.stack([m.dim(w2, 2), m.dim(w2, 3)]))
+  r.replace(c1, r.dst(Op.CONV2D, x, e, *([b1] if bias else []), like=c1,
+                      pads=lambda m: m.attr(c2, "pads")))
+  return r.build()
+
+
+def shrink_conv_kernel(bias: bool) -> Rule:
+  """Inverse of enlarge: conv(x, enlarge(w)) -> conv(x, w) with the padding reduced."""
+  name = "shrink_conv_kernel" + ("_bias" if bias else "")
+  r = RuleBuilder(name, "enlarge_conv", inverse="enlarge_conv_kernel" + ("_bias" if bias else ""),
+                  description="drop the zero border of an enlarged kernel")
+  x, w = r.var("x"), r.var("w")
+  b = r.var("b") if bias else None
+  e = r.src(Op.ENLARGE, w)
+  conv = r.src(Op.CONV2D, x, e, *([b] if bias else []))
+  shrink = lambda m: jnp.stack([(m.dim(e, 2) - m.dim(w, 2)) // 2, (m.dim(e, 3) - m.dim(w, 3)) // 2,
+                                (m.dim(e, 2) - m.dim(w, 2)) // 2, (m.dim(e, 3) - m.dim(w, 3)) // 2])
+  r.where(lambda m: jnp.all(m.attr(conv, "pads") >= shrink(m))
+          & jnp.all(m.attr(conv, "dilations") == 1))
+  r.replace(conv, r.dst(Op.CONV2D, x, w, *([b] if bias else []), like=conv,
+                        pads=lambda m: m.attr(conv, "pads") - shrink(m)))
+  return r.build()
+
+
+def merge_group_conv(bias: bool) -> Rule:
+  """conv(x, w, groups=g) -> conv(x, merge_gconv(w, g, 2), groups=g/2) (TASO's merge_gconv)."""
+  name = "merge_group_conv" + ("_bias" if bias else "")
+  r = RuleBuilder(name, "group_conv", inverse="split_group_conv" + ("_bias" if bias else ""),
+                  description="halve the number of groups of a grouped convolution")
+  x, w = r.var("x"), r.var("w", const=True)
+  b = r.var("b") if bias else None
+  conv = r.src(Op.CONV2D, x, w, *([b] if bias else []))
+  r.where(lambda m: (m.attr(conv, "groups") >= 2) & (m.attr(conv, "groups") % 2 == 0))
+  mw = r.dst(Op.MERGE_GCONV, w, groups=lambda m: m.attr(conv, "groups"), count=2)
+  r.replace(conv, r.dst(Op.CONV2D, x, mw, *([b] if bias else []), like=conv,
+                        groups=lambda m: m.attr(conv, "groups") // 2))
+  return r.build()
+
+
+def split_group_conv(bias: bool) -> Rule:
+  """Inverse: conv(x, merge_gconv(w, g, c), groups=g/c) -> conv(x, w, groups=g)."""
+  name = "split_group_conv" + ("_bias" if bias else "")
+  r = RuleBuilder(name, "group_conv", inverse="merge_group_conv" + ("_bias" if bias else ""),
+                  description="undo a grouped-convolution merge")
+  x, w = r.var("x"), r.var("w")
+  b = r.var("b") if bias else None
+  mg = r.src(Op.MERGE_GCONV, w)
+  conv = r.src(Op.CONV2D, x, mg, *([b] if bias else []))
+  r.where(lambda m: m.attr(conv, "groups") * m.attr(mg, "count") == m.attr(mg, "groups"))
+  r.replace(conv, r.dst(Op.CONV2D, x, w, *([b] if bias else []), like=conv,
+                        groups=lambda m: m.attr(mg, "groups")))
+  return r.build()
+
+
+def rules() -> list[Rule]:
+  """Every merge-family rule."""
+  out = [merge_matmul_shared_input(2), merge_matmul_shared_input(3), split_matmul_shared_input(),
+         merge_matmul_shared_weight(), split_matmul_shared_weight()]
+  for bias in (False, True):
+    out += [merge_conv_shared_input(bias), split_conv_shared_input(bias),
+            shrink_conv_kernel(bias), merge_group_conv(bias), split_group_conv(bias)]
+    out += [enlarge_conv_kernel(bias, sib) for sib in (False, True)]
+  return out

@@ -1,0 +1,253 @@
+"""The rule language: a rule is data.
+
+A `Rule` has a source pattern (ops over pattern variables), a constraint on the matched nodes,
+a target pattern (new ops over the same variables, their attributes computed from the match)
+and a map saying which target node (or variable) replaces each source root.
+
+    r = RuleBuilder("merge_matmul_shared_input", family="merge_matmul")
+    x, w1, w2 = r.var("x"), r.var("w1", const=True), r.var("w2", const=True)
+    m1 = r.src(Op.MATMUL, x, w1)
+    m2 = r.src(Op.MATMUL, x, w2)
+    r.where(lambda m: m.attr(m1, "activation") == m.attr(m2, "activation"))
+    c = r.dst(Op.CONCAT, w1, w2, axis=lambda m: m.rank(w1) - 1)
+    ...
+    r.replace(m1, s1); r.replace(m2, s2)
+    rule = r.build()
+
+Constraints and attribute functions receive a `MatchView` of ONE match (the compiler vmaps
+them over all candidate locations), written with jax.numpy so they trace once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from xrlflow_jax import ops
+from xrlflow_jax.ops import MAX_RANK as R
+from xrlflow_jax.ops import Op
+
+
+@dataclasses.dataclass(frozen=True)
+class Ref:
+  """A pattern element: a variable ("var"), a source op ("src") or a target op ("dst")."""
+  kind: str
+  index: int
+
+  def __repr__(self) -> str:
+    return f"{self.kind}{self.index}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Var:
+  """A pattern variable; `const=True` requires a constant (weight-only) tensor."""
+  name: str
+  const: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class SrcOp:
+  """A source pattern op. `keep=True`: matched but not removed (it may have outside users)."""
+  op: Op
+  inputs: tuple[Ref, ...]
+  keep: bool = False
+
+
+AttrValue = Any  # a Python value, or Callable[[MatchView], jax value]
+
+
+@dataclasses.dataclass(frozen=True)
+class DstOp:
+  """A target op; attrs are values or functions of the MatchView; `like` copies a source op's
+  attribute vector first (then `attrs` override fields)."""
+  op: Op
+  inputs: tuple[Ref, ...]
+  attrs: tuple[tuple[str, AttrValue], ...]
+  like: Ref | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Rule:
+  """A rewrite rule (see module docstring). Build with `RuleBuilder`."""
+  name: str
+  family: str
+  vars: tuple[Var, ...]
+  src: tuple[SrcOp, ...]
+  dst: tuple[DstOp, ...]
+  replace: tuple[tuple[Ref, Ref], ...]  # (source root, target op or variable)
+  where: Callable[["MatchView"], Any] | None = None
+  symmetric: bool = False  # roots are interchangeable: match each set of roots once
+  inverse: str | None = None
+  description: str = ""
+
+  @property
+  def num_slots(self) -> int:
+    """P: bound node ids per match (variables first, then source ops)."""
+    return len(self.vars) + len(self.src)
+
+  def roots(self) -> list[int]:
+    """Source ops whose output no other source op reads (they are replaced or kept)."""
+    used = {r.index for s in self.src for r in s.inputs if r.kind == "src"}
+    return [i for i in range(len(self.src)) if i not in used]
+
+
+class RuleBuilder:
+  """Builds a `Rule` step by step; `build()` checks that it is well formed."""
+
+  def __init__(self, name: str, family: str, *, description: str = "",
+               inverse: str | None = None, symmetric: bool = False):
+    self.name, self.family, self.description = name, family, description
+    self.inverse, self.symmetric = inverse, symmetric
+    self._vars: list[Var] = []
+    self._src: list[SrcOp] = []
+    self._dst: list[DstOp] = []
+    self._replace: list[tuple[Ref, Ref]] = []
+    self._where: list[Callable[[MatchView], Any]] = []
+
+  def var(self, name: str, const: bool = False) -> Ref:
+    self._vars.append(Var(name, const))
+    return Ref("var", len(self._vars) - 1)
+
+  def src(self, op: Op, *inputs: Ref, keep: bool = False) -> Ref:
+    for r in inputs:
+      assert r.kind in ("var", "src"), f"{self.name}: source inputs are vars or source ops"
+    self._src.append(SrcOp(Op(op), tuple(inputs), keep))
+    return Ref("src", len(self._src) - 1)
+
+  def dst(self, op: Op, *inputs: Ref, like: Ref | None = None, **attrs: AttrValue) -> Ref:
+    for r in inputs:
+      if r.kind == "src":
+        assert self._src[r.index].keep, f"{self.name}: a target may read only kept source ops"
+      if r.kind == "dst":
+        assert r.index < len(self._dst), f"{self.name}: target ops read earlier target ops"
+    self._dst.append(DstOp(Op(op), tuple(inputs), tuple(attrs.items()), like))
+    return Ref("dst", len(self._dst) - 1)
+
+  def where(self, fn: Callable[["MatchView"], Any]) -> None:
+    self._where.append(fn)
+
+  def replace(self, root: Ref, by: Ref) -> None:
+    assert root.kind == "src" and by.kind in ("dst", "var", "src"), (root, by)
+    self._replace.append((root, by))
+
+  def build(self) -> Rule:
+    conds = list(self._where)
+    where = None
+    if conds:
+      def where(m):  # pylint: disable=function-redefined
+        ok = jnp.asarray(True)
+        for c in conds:
+          ok = ok & jnp.asarray(c(m))
+        return ok
+    rule = Rule(self.name, self.family, tuple(self._vars), tuple(self._src), tuple(self._dst),
+                tuple(self._replace), where, self.symmetric, self.inverse, self.description)
+    replaced = {r.index for r, _ in rule.replace}
+    for i in rule.roots():
+      if not rule.src[i].keep:
+        assert i in replaced, f"{self.name}: root src{i} must be replaced"
+    for root, by in rule.replace:
+      assert not rule.src[root.index].keep, f"{self.name}: a kept op is not replaced"
+      if by.kind == "src":
+        assert rule.src[by.index].keep, f"{self.name}: replacement by a removed op"
+    assert len(rule.roots()) <= 3, f"{self.name}: at most 3 roots"
+    return rule
+
+
+class MatchView:
+  """One match as seen by constraints and attribute functions (all values are jax scalars/arrays).
+
+  Refs to variables and source ops read the graph at the bound node; refs to target ops read the
+  new node's computed shape (only targets created earlier than the one being built).
+  """
+
+  def __init__(self, rule: Rule, graph: Any, bound: jax.Array,
+               new: dict[int, dict[str, jax.Array]] | None = None):
+    self.rule, self.graph, self.bound = rule, graph, bound
+    self.new = new or {}
+
+  def node(self, ref: Ref) -> jax.Array:
+    """Slot of a bound variable or source op (int32[])."""
+    if ref.kind == "var":
+      return self.bound[ref.index]
+    assert ref.kind == "src", ref
+    return self.bound[len(self.rule.vars) + ref.index]
+
+  def _feature(self, ref: Ref, name: str) -> jax.Array:
+    if ref.kind == "dst":
+      return self.new[ref.index][name]
+    return self.graph.nodes[name][self.node(ref)]
+
+  def shape(self, ref: Ref) -> jax.Array:
+    """int32[R], right-aligned and padded with ones."""
+    return self._feature(ref, "shape")
+
+  def rank(self, ref: Ref) -> jax.Array:
+    return self._feature(ref, "rank")
+
+  def dtype(self, ref: Ref) -> jax.Array:
+    return self._feature(ref, "dtype")
+
+  def const(self, ref: Ref) -> jax.Array:
+    return self._feature(ref, "is_constant")
+
+  def dim(self, ref: Ref, axis: int | jax.Array) -> jax.Array:
+    """Size of `axis`; negative axes count from the end."""
+    shape = self.shape(ref)
+    if isinstance(axis, int) and axis < 0:
+      return shape[R + axis]
+    return shape[jnp.clip(R - self.rank(ref) + axis, 0, R - 1)]
+
+  def op_of(self, ref: Ref) -> Op:
+    if ref.kind == "src":
+      return self.rule.src[ref.index].op
+    if ref.kind == "dst":
+      return self.rule.dst[ref.index].op
+    raise ValueError("the op of a variable is not static; pass op= to attr()")
+
+  def attrs(self, ref: Ref) -> jax.Array:
+    """The raw attribute vector int32[A]."""
+    if ref.kind == "dst":
+      return self.new[ref.index]["attrs"]
+    return self.graph.nodes["attrs"][self.node(ref)]
+
+  def attr(self, ref: Ref, name: str, op: Op | None = None) -> jax.Array:
+    """A decoded attribute: int32[] (or int32[width] for wide fields; float32 for floats)."""
+    spec = ops.get(op if op is not None else self.op_of(ref))
+    offset, field = spec.attr_offsets()[name]
+    vec = self.attrs(ref)[offset:offset + field.width]
+    if field.kind == "float":
+      vec = jax.lax.bitcast_convert_type(vec, jnp.float32)
+    return vec[0] if field.width == 1 else vec
+
+  def same_shape(self, a: Ref, b: Ref) -> jax.Array:
+    return (self.rank(a) == self.rank(b)) & jnp.all(self.shape(a) == self.shape(b))
+
+
+def encode_attrs_jit(op: Op, base: jax.Array | None, values: dict[str, Any]) -> jax.Array:
+  """Attribute vector int32[A] for `op` from named values (Python or traced), inside jit.
+
+  Fields not in `values` come from `base` (when given) or the field default.
+  """
+  spec = ops.get(op)
+  vec = jnp.asarray(base if base is not None else spec.encode_attrs(), jnp.int32)
+  for name, (offset, field) in spec.attr_offsets().items():
+    if name not in values:
+      continue
+    value = values[name]
+    if field.kind == "float":
+      if isinstance(value, (int, float)):
+        bits = jnp.asarray([ops.float_to_bits(float(value))], jnp.int32)
+      else:
+        bits = jax.lax.bitcast_convert_type(jnp.asarray(value, jnp.float32), jnp.int32)
+      bits = jnp.reshape(bits, (field.width,))
+    else:
+      bits = jnp.reshape(jnp.asarray(np.asarray(value) if isinstance(value, (tuple, list))
+                                     else value).astype(jnp.int32), (field.width,))
+    vec = jax.lax.dynamic_update_slice(vec, bits, (offset,))
+  unknown = set(values) - set(spec.attr_offsets())
+  assert not unknown, f"{spec.name} has no attribute(s) {sorted(unknown)}"
+  return vec

@@ -1,0 +1,119 @@
+"""A RuleSet: all rules matched in one call, any (rule, location) applied by `lax.switch`."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Sequence
+
+import chex
+import jax
+import jax.numpy as jnp
+
+from xrlflow_jax.graph import layout
+from xrlflow_jax.rules import edit as edit_lib
+from xrlflow_jax.rules.compile import (DEFAULT_JOIN_WINDOW, DEFAULT_MAX_LOCATIONS, CompiledRule,
+                                       Features)
+from xrlflow_jax.rules.pattern import Rule
+
+
+@chex.dataclass(frozen=True)
+class RuleSetMatch:
+  """Every location of every rule in one graph.
+
+  Attributes:
+    mask: bool[R, L], location l of rule r is valid.
+    nodes: int32[R, L, P], the bound node ids (variables then source ops; -1 padding).
+    found: int32[R], valid locations before truncation to L (found > L means some were cut).
+  """
+  mask: jax.Array
+  nodes: jax.Array
+  found: jax.Array
+
+
+class RuleSet:
+  """A compiled collection of rules with a flat action space of R * L (rule, location) pairs.
+
+  Args:
+    rules: the rules (names must be unique).
+    max_locations: L, locations kept per rule.
+    join_window: how many equal-key partners a multi-root pattern tries per anchor.
+  """
+
+  def __init__(self, rules: Sequence[Rule], max_locations: int = DEFAULT_MAX_LOCATIONS,
+               join_window: int = DEFAULT_JOIN_WINDOW):
+    names = [r.name for r in rules]
+    dup = {x for x in names if names.count(x) > 1}
+    if dup:
+      raise ValueError(f"duplicate rule names: {sorted(dup)}")
+    if not rules:
+      raise ValueError("a RuleSet needs at least one rule")
+    self.rules = list(rules)
+    self.compiled = [CompiledRule(r, max_locations, join_window) for r in rules]
+    self.max_locations = max_locations
+    self.num_slots = max(r.num_slots for r in rules)  # P
+    self.max_new = max(max(len(r.dst) for r in rules), 1)  # M
+    self.max_redirects = max(len(r.replace) for r in rules)  # Q
+    self.max_freed = max(len(r.src) for r in rules)  # F
+    self.need_depth = any(c.needs_depth for c in self.compiled)
+
+  def __len__(self) -> int:
+    return len(self.rules)
+
+  @property
+  def names(self) -> list[str]:
+    return [r.name for r in self.rules]
+
+  @property
+  def num_actions(self) -> int:
+    """R * L rewrite actions (an environment adds one stop action)."""
+    return len(self.rules) * self.max_locations
+
+  def index(self, name: str) -> int:
+    return self.names.index(name)
+
+  def match(self, graph: layout.Graph) -> RuleSetMatch:
+    """Matches every rule (jittable; `vmap` it over a batch of graphs)."""
+    f = Features(graph, self.need_depth)
+    masks, nodes, found = [], [], []
+    for c in self.compiled:
+      res = c.match(graph, f)
+      pad = self.num_slots - res.nodes.shape[-1]
+      masks.append(res.valid)
+      nodes.append(jnp.pad(res.nodes, ((0, 0), (0, pad)), constant_values=-1))
+      found.append(res.found)
+    return RuleSetMatch(mask=jnp.stack(masks), nodes=jnp.stack(nodes), found=jnp.stack(found))
+
+  def edit(self, graph: layout.Graph, rule_index: jax.Array, nodes: jax.Array) -> edit_lib.Edit:
+    """The padded edit of rule `rule_index` at `nodes` (int32[P]), chosen by `lax.switch`."""
+    def branch(c: CompiledRule):
+      def fn(graph, nodes):
+        return c.edit(graph, nodes[:c.rule.num_slots], self.max_new, self.max_redirects,
+                      self.max_freed)
+      return fn
+    return jax.lax.switch(rule_index, [branch(c) for c in self.compiled], graph, nodes)
+
+  def apply(self, graph: layout.Graph, rule_index: jax.Array,
+            nodes: jax.Array) -> tuple[layout.Graph, jax.Array]:
+    """Applies one rule at one location; returns (graph, applied). Unapplicable: unchanged."""
+    valid_nodes = jnp.all(nodes[:1] >= 0)
+    graph2, ok = edit_lib.apply_edit(graph, self.edit(graph, rule_index, nodes))
+    ok = ok & valid_nodes
+    return jax.tree_util.tree_map(lambda a, b: jnp.where(ok, a, b), graph2, graph), ok
+
+  def apply_action(self, graph: layout.Graph, match: RuleSetMatch,
+                   action: jax.Array) -> tuple[layout.Graph, jax.Array]:
+    """Applies flat action `action` = rule * L + location; an unmasked action changes nothing."""
+    r = action // self.max_locations
+    loc = action % self.max_locations
+    allowed = match.mask[r, loc]
+    graph2, ok = self.apply(graph, r, match.nodes[r, loc])
+    ok = ok & allowed
+    return jax.tree_util.tree_map(lambda a, b: jnp.where(ok, a, b), graph2, graph), ok
+
+
+@dataclasses.dataclass(frozen=True)
+class Location:
+  """A host-side view of one match: rule name, location index and bound nodes."""
+  rule: str
+  location: int
+  nodes: tuple[int, ...]
