@@ -37,7 +37,7 @@ from xrlflow_jax.ops import ATTR_WIDTH, MAX_RANK
 Graph = jraph.GraphsTuple
 
 DEFAULT_CAPACITY = 1024  # fits BERT-base from ../shared/models with room for rewrites
-DEFAULT_MAX_INPUTS = 4
+DEFAULT_MAX_INPUTS = 5  # BatchNorm reads five tensors
 
 NODE_FIELDS = ("op", "attrs", "shape", "rank", "dtype", "is_constant", "is_output",
                "output_index", "input_index", "param_id", "alive")

@@ -83,6 +83,9 @@ class Rule:
   symmetric: bool = False  # roots are interchangeable: match each set of roots once
   inverse: str | None = None
   description: str = ""
+  # example(builder, rng) -> tensors: builds a random instance of the source pattern (used by
+  # the verification harness, which adds random context around it).
+  example: Callable[..., Any] | None = None
 
   @property
   def num_slots(self) -> int:
@@ -99,9 +102,11 @@ class RuleBuilder:
   """Builds a `Rule` step by step; `build()` checks that it is well formed."""
 
   def __init__(self, name: str, family: str, *, description: str = "",
-               inverse: str | None = None, symmetric: bool = False):
+               inverse: str | None = None, symmetric: bool = False,
+               example: Callable[..., Any] | None = None):
     self.name, self.family, self.description = name, family, description
     self.inverse, self.symmetric = inverse, symmetric
+    self.example = example
     self._vars: list[Var] = []
     self._src: list[SrcOp] = []
     self._dst: list[DstOp] = []
@@ -144,7 +149,8 @@ class RuleBuilder:
           ok = ok & jnp.asarray(c(m))
         return ok
     rule = Rule(self.name, self.family, tuple(self._vars), tuple(self._src), tuple(self._dst),
-                tuple(self._replace), where, self.symmetric, self.inverse, self.description)
+                tuple(self._replace), where, self.symmetric, self.inverse, self.description,
+                self.example)
     replaced = {r.index for r, _ in rule.replace}
     for i in rule.roots():
       if not rule.src[i].keep:

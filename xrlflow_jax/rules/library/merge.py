@@ -23,6 +23,7 @@ def last_axis(ref: Ref):
 def merge_matmul_shared_input(ways: int) -> Rule:
   """x @ w1, x @ w2 (, x @ w3) -> slices of x @ concat(w1, w2 (, w3)); weights constant."""
   r = RuleBuilder(f"merge_matmul_shared_input_{ways}", "merge_matmul", symmetric=True,
+                  example=_ex_merge_mm(ways),
                   inverse="split_matmul_shared_input_2" if ways == 2 else None,
                   description="matmuls reading one tensor become one matmul on concatenated "
                               "weights (attention's Q/K/V)")
@@ -46,7 +47,7 @@ def merge_matmul_shared_input(ways: int) -> Rule:
 
 def split_matmul_shared_input() -> Rule:
   """Inverse of the 2-way merge: slices of x @ concat(w1, w2) -> x @ w1, x @ w2."""
-  r = RuleBuilder("split_matmul_shared_input_2", "merge_matmul",
+  r = RuleBuilder("split_matmul_shared_input_2", "merge_matmul", example=_ex_split_mm,
                   inverse="merge_matmul_shared_input_2",
                   description="undo a merged matmul")
   x, w1, w2 = r.var("x"), r.var("w1", const=True), r.var("w2", const=True)
@@ -69,6 +70,7 @@ def split_matmul_shared_input() -> Rule:
 def merge_matmul_shared_weight() -> Rule:
   """x1 @ w, x2 @ w -> row slices of concat(x1, x2) @ w (concat on the batch side)."""
   r = RuleBuilder("merge_matmul_shared_weight", "merge_matmul", symmetric=True,
+                  example=_ex_merge_mm_w,
                   inverse="split_matmul_shared_weight",
                   description="matmuls sharing a weight become one taller matmul")
   x1, x2, w = r.var("x1"), r.var("x2"), r.var("w")
@@ -87,7 +89,7 @@ def merge_matmul_shared_weight() -> Rule:
 
 def split_matmul_shared_weight() -> Rule:
   """Inverse: row slices of concat(x1, x2) @ w -> x1 @ w, x2 @ w."""
-  r = RuleBuilder("split_matmul_shared_weight", "merge_matmul",
+  r = RuleBuilder("split_matmul_shared_weight", "merge_matmul", example=_ex_split_mm_w,
                   inverse="merge_matmul_shared_weight", description="undo a row-merged matmul")
   x1, x2, w = r.var("x1"), r.var("x2"), r.var("w")
   c = r.src(Op.CONCAT, x1, x2)
@@ -110,6 +112,7 @@ def merge_conv_shared_input(bias: bool) -> Rule:
   """conv(x, w1), conv(x, w2) with equal attributes -> channel slices of conv(x, concat(w1, w2))."""
   suffix = "_bias" if bias else ""
   r = RuleBuilder(f"merge_conv_shared_input{suffix}", "merge_conv", symmetric=True,
+                  example=_ex_merge_conv(bias),
                   inverse=f"split_conv_shared_input{suffix}",
                   description="convolutions reading one tensor with the same kernel, strides, "
                               "pads and activation become one convolution")
@@ -133,7 +136,7 @@ def merge_conv_shared_input(bias: bool) -> Rule:
 def split_conv_shared_input(bias: bool) -> Rule:
   """Inverse: channel slices of conv(x, concat(w1, w2)) -> conv(x, w1), conv(x, w2)."""
   suffix = "_bias" if bias else ""
-  r = RuleBuilder(f"split_conv_shared_input{suffix}", "merge_conv",
+  r = RuleBuilder(f"split_conv_shared_input{suffix}", "merge_conv", example=_ex_split_conv(bias),
                   inverse=f"merge_conv_shared_input{suffix}", description="undo a merged conv")
   x = r.var("x")
   w1, w2 = r.var("w1", const=True), r.var("w2", const=True)
@@ -163,7 +166,8 @@ def enlarge_conv_kernel(bias: bool, sibling_bias: bool) -> Rule:
   """conv(x, w1) beside a conv(x, w2) with a larger kernel: zero-pad w1 to w2's kernel (and grow
   the padding to match) so the two convolutions can then merge."""
   name = "enlarge_conv_kernel" + ("_bias" if bias else "") + ("_sib_bias" if sibling_bias else "")
-  r = RuleBuilder(name, "enlarge_conv", inverse="shrink_conv_kernel" + ("_bias" if bias else ""),
+  r = RuleBuilder(name, "enlarge_conv", example=_ex_enlarge(bias, sibling_bias),
+                  inverse="shrink_conv_kernel" + ("_bias" if bias else ""),
                   description="enlarge a smaller kernel to a sibling's size (TASO's enlarge)")
   x, w1, w2 = r.var("x"), r.var("w1", const=True), r.var("w2")
   b1 = r.var("b1") if bias else None
@@ -192,7 +196,8 @@ def enlarge_conv_kernel(bias: bool, sibling_bias: bool) -> Rule:
 def shrink_conv_kernel(bias: bool) -> Rule:
   """Inverse of enlarge: conv(x, enlarge(w)) -> conv(x, w) with the padding reduced."""
   name = "shrink_conv_kernel" + ("_bias" if bias else "")
-  r = RuleBuilder(name, "enlarge_conv", inverse="enlarge_conv_kernel" + ("_bias" if bias else ""),
+  r = RuleBuilder(name, "enlarge_conv", example=_ex_shrink(bias),
+                  inverse="enlarge_conv_kernel" + ("_bias" if bias else ""),
                   description="drop the zero border of an enlarged kernel")
   x, w = r.var("x"), r.var("w")
   b = r.var("b") if bias else None
@@ -210,7 +215,8 @@ def shrink_conv_kernel(bias: bool) -> Rule:
 def merge_group_conv(bias: bool) -> Rule:
   """conv(x, w, groups=g) -> conv(x, merge_gconv(w, g, 2), groups=g/2) (TASO's merge_gconv)."""
   name = "merge_group_conv" + ("_bias" if bias else "")
-  r = RuleBuilder(name, "group_conv", inverse="split_group_conv" + ("_bias" if bias else ""),
+  r = RuleBuilder(name, "group_conv", example=_ex_merge_gconv(bias),
+                  inverse="split_group_conv" + ("_bias" if bias else ""),
                   description="halve the number of groups of a grouped convolution")
   x, w = r.var("x"), r.var("w", const=True)
   b = r.var("b") if bias else None
@@ -225,7 +231,8 @@ def merge_group_conv(bias: bool) -> Rule:
 def split_group_conv(bias: bool) -> Rule:
   """Inverse: conv(x, merge_gconv(w, g, c), groups=g/c) -> conv(x, w, groups=g)."""
   name = "split_group_conv" + ("_bias" if bias else "")
-  r = RuleBuilder(name, "group_conv", inverse="merge_group_conv" + ("_bias" if bias else ""),
+  r = RuleBuilder(name, "group_conv", example=_ex_split_gconv(bias),
+                  inverse="merge_group_conv" + ("_bias" if bias else ""),
                   description="undo a grouped-convolution merge")
   x, w = r.var("x"), r.var("w")
   b = r.var("b") if bias else None
@@ -246,3 +253,124 @@ def rules() -> list[Rule]:
             shrink_conv_kernel(bias), merge_group_conv(bias), split_group_conv(bias)]
     out += [enlarge_conv_kernel(bias, sib) for sib in (False, True)]
   return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Examples: random instances of each source pattern, for the verification harness.
+
+def _act(rng) -> str:
+  return str(rng.choice(["none", "relu", "sigmoid", "tanh"]))
+
+
+def _ex_merge_mm(ways):
+  def ex(b, rng):
+    k = int(rng.integers(3, 9))
+    lead = tuple(int(d) for d in rng.integers(1, 5, size=int(rng.integers(1, 3))))
+    x = b.input(lead + (k,))
+    act = _act(rng)
+    return [b.matmul(x, b.weight((k, int(rng.integers(2, 7)))), activation=act)
+            for _ in range(ways)]
+  return ex
+
+
+def _ex_split_mm(b, rng):
+  k, n1, n2 = (int(v) for v in rng.integers(2, 7, size=3))
+  x = b.input((int(rng.integers(1, 5)), k))
+  c = b.concat([b.weight((k, n1)), b.weight((k, n2))], axis=1)
+  mm = b.matmul(x, c, activation=_act(rng))
+  return [b.slice(mm, 1, 0, n1), b.slice(mm, 1, n1, n1 + n2)]
+
+
+def _ex_merge_mm_w(b, rng):
+  k, n = (int(v) for v in rng.integers(2, 7, size=2))
+  w = b.weight((k, n)) if rng.random() < 0.5 else b.input((k, n))
+  act = _act(rng)
+  return [b.matmul(b.input((int(rng.integers(1, 5)), k)), w, activation=act) for _ in range(2)]
+
+
+def _ex_split_mm_w(b, rng):
+  k, n, m1, m2 = (int(v) for v in rng.integers(1, 6, size=4))
+  c = b.concat([b.input((m1, k)), b.input((m2, k))], axis=0)
+  mm = b.matmul(c, b.weight((k, n)), activation=_act(rng))
+  return [b.slice(mm, 0, 0, m1), b.slice(mm, 0, m1, m1 + m2)]
+
+
+def _conv_args(rng):
+  kernel = int(rng.choice([1, 3]))
+  stride = int(rng.choice([1, 2]))
+  return kernel, dict(strides=(stride, stride), padding="SAME", activation=_act(rng))
+
+
+def _ex_merge_conv(bias):
+  def ex(b, rng):
+    c = int(rng.integers(1, 5))
+    x = b.input((1, c, int(rng.integers(4, 9)), int(rng.integers(4, 9))))
+    kernel, kw = _conv_args(rng)
+    outs = []
+    for _ in range(2):
+      o = int(rng.integers(1, 6))
+      extra = b.weight((o,), init="bias") if bias else None
+      outs.append(b.conv2d(x, b.weight((o, c, kernel, kernel)), extra, **kw))
+    return outs
+  return ex
+
+
+def _ex_split_conv(bias):
+  def ex(b, rng):
+    c, o1, o2 = (int(v) for v in rng.integers(1, 5, size=3))
+    x = b.input((1, c, 6, 7))
+    kernel, kw = _conv_args(rng)
+    w = b.concat([b.weight((o1, c, kernel, kernel)), b.weight((o2, c, kernel, kernel))], axis=0)
+    extra = (b.concat([b.weight((o1,), init="bias"), b.weight((o2,), init="bias")], axis=0)
+             if bias else None)
+    y = b.conv2d(x, w, extra, **kw)
+    return [b.slice(y, 1, 0, o1), b.slice(y, 1, o1, o1 + o2)]
+  return ex
+
+
+def _ex_enlarge(bias, sibling_bias):
+  def ex(b, rng):
+    c = int(rng.integers(1, 5))
+    x = b.input((1, c, int(rng.integers(5, 9)), int(rng.integers(5, 9))))
+    stride = int(rng.choice([1, 2]))
+    o1, o2 = (int(v) for v in rng.integers(1, 5, size=2))
+    small = b.conv2d(x, b.weight((o1, c, 1, 1)), b.weight((o1,), init="bias") if bias else None,
+                     strides=(stride, stride), padding=0, activation=_act(rng))
+    big = b.conv2d(x, b.weight((o2, c, 3, 3)), b.weight((o2,), init="bias") if sibling_bias
+                   else None, strides=(stride, stride), padding=1, activation=_act(rng))
+    return [small, big]
+  return ex
+
+
+def _ex_shrink(bias):
+  def ex(b, rng):
+    c, o = (int(v) for v in rng.integers(1, 5, size=2))
+    x = b.input((1, c, 7, 6))
+    w = b.enlarge(b.weight((o, c, 1, 1)), (3, 3))
+    pad = int(rng.choice([1, 2]))
+    return [b.conv2d(x, w, b.weight((o,), init="bias") if bias else None, padding=pad,
+                     activation=_act(rng))]
+  return ex
+
+
+def _ex_merge_gconv(bias):
+  def ex(b, rng):
+    groups = int(rng.choice([2, 4]))
+    cg, og = (int(v) for v in rng.integers(1, 3, size=2))
+    x = b.input((1, groups * cg, 6, 6))
+    o = groups * og
+    return [b.conv2d(x, b.weight((o, cg, 3, 3)), b.weight((o,), init="bias") if bias else None,
+                     groups=groups, activation=_act(rng))]
+  return ex
+
+
+def _ex_split_gconv(bias):
+  def ex(b, rng):
+    groups = int(rng.choice([2, 4]))
+    cg, og = (int(v) for v in rng.integers(1, 3, size=2))
+    x = b.input((1, groups * cg, 6, 6))
+    o = groups * og
+    w = b.merge_gconv(b.weight((o, cg, 3, 3)), groups=groups, count=2)
+    return [b.conv2d(x, w, b.weight((o,), init="bias") if bias else None, groups=groups // 2,
+                     activation=_act(rng))]
+  return ex
