@@ -51,11 +51,13 @@ def infer_shape(op: int | str, in_shapes: np.ndarray, in_ranks: np.ndarray, attr
   spec = get(op)
   if spec.source:
     raise ShapeError(f"{where}{spec.name} nodes carry their own shape")
-  if not spec.min_inputs <= n_inputs <= spec.max_inputs:
-    raise ShapeError(f"{where}{spec.name} takes {spec.min_inputs}..{spec.max_inputs} inputs, "
-                     f"got {n_inputs}")
   in_shapes = np.asarray(in_shapes, np.int32)
   in_ranks = np.asarray(in_ranks, np.int32)
+  if not spec.min_inputs <= n_inputs <= spec.max_inputs:
+    shown = ", ".join(fmt_shape(in_shapes[i], in_ranks[i])
+                      for i in range(min(n_inputs, in_shapes.shape[0])))
+    raise ShapeError(f"{where}{spec.name} takes {spec.min_inputs}..{spec.max_inputs} inputs, "
+                     f"got {n_inputs} (input shapes {shown})")
   if in_shapes.shape[0] < 3:  # rules may peek at an optional third input
     extra = 3 - in_shapes.shape[0]
     in_shapes = np.concatenate([in_shapes, np.ones([extra, MAX_RANK], np.int32)])

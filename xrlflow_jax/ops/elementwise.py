@@ -57,6 +57,16 @@ def _hard_sigmoid(x, alpha, beta):
 
 
 def _clip(x, min, max):  # pylint: disable=redefined-builtin
+  # The bounds are float32 attributes (the defaults are +-float32 max): clamp them to the range
+  # of x's dtype (rounding inwards for integers), which a direct cast would overflow.
+  if jnp.issubdtype(x.dtype, jnp.integer):
+    info = jnp.iinfo(x.dtype)
+    min = int(np.clip(np.ceil(min), info.min, info.max))
+    max = int(np.clip(np.floor(max), info.min, info.max))
+  elif jnp.issubdtype(x.dtype, jnp.floating):
+    info = jnp.finfo(x.dtype)
+    min = float(np.clip(min, float(info.min), float(info.max)))
+    max = float(np.clip(max, float(info.min), float(info.max)))
   return jnp.clip(x, jnp.asarray(min, x.dtype), jnp.asarray(max, x.dtype))
 
 

@@ -225,7 +225,8 @@ def _global_pool_rule(xp, in_shapes, in_ranks, attrs, n_inputs):
 GLOBAL_AVG_POOL = spec.register(OpSpec(
     code=Op.GLOBAL_AVG_POOL, name="GlobalAvgPool", min_inputs=1, max_inputs=1, attrs=(),
     shape_rule=_global_pool_rule,
-    lower=lambda inputs, a, out_shape, out_dtype: jnp.mean(inputs[0], axis=(2, 3), keepdims=True),
+    lower=lambda inputs, a, out_shape, out_dtype: jnp.mean(
+        inputs[0], axis=(2, 3), keepdims=True).astype(out_dtype),
     flops=lambda xp, in_shapes, in_ranks, out_shape, attrs: spec.numel(xp, in_shapes[0])))
 
 
@@ -263,7 +264,8 @@ def _layer_norm_rule(xp, in_shapes, in_ranks, attrs, n_inputs):
   if in_shapes.shape[0] > 2:
     has_bias = xp.asarray(n_inputs) >= 3
     checks.append((xp.asarray(~has_bias | _trailing_broadcast_ok(
-        xp, x, xr, in_shapes[2], in_ranks[2], axis)), "bias must broadcast over the normalised dims"))
+        xp, x, xr, in_shapes[2], in_ranks[2], axis)),
+                   "bias must broadcast over the normalised dims"))
   return x.astype(xp.int32), xr, checks
 
 
@@ -288,7 +290,7 @@ LAYER_NORM = spec.register(OpSpec(
 def _batch_norm_rule(xp, in_shapes, in_ranks, attrs, n_inputs):
   del attrs, n_inputs
   x = in_shapes[0]
-  c = x[R - in_ranks[0] + 1]
+  c = spec.dim(xp, x, in_ranks[0], 1)  # clamped: a rank < 2 input fails the check below
   ok = xp.asarray(True)
   for i in range(1, 5):
     ok = ok & (in_ranks[i] == 1) & (in_shapes[i][R - 1] == c)
@@ -334,7 +336,9 @@ def _reduce_axes(bits: int, rank: int) -> tuple[int, ...]:
 def _reduce_lower(fn):
   def lower(inputs, a, out_shape, out_dtype):
     x = inputs[0]
-    return fn(x, axis=_reduce_axes(a["axes"], x.ndim), keepdims=bool(a["keepdims"]))
+    # jnp.mean of integers is float; the node keeps its input's dtype (ONNX truncates).
+    y = fn(x, axis=_reduce_axes(a["axes"], x.ndim), keepdims=bool(a["keepdims"]))
+    return y.astype(out_dtype)
   return lower
 
 

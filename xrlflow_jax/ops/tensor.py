@@ -101,8 +101,11 @@ def _reshape_rule(xp, in_shapes, in_ranks, attrs, n_inputs):
   del n_inputs
   target = xp.asarray(attrs[0:R]).astype(xp.int32)
   rank = attrs[R]
+  beyond_rank = spec.positions(xp) < R - rank
   checks = [(xp.asarray((rank >= 0) & (rank <= R)), "rank out of range"),
             (xp.asarray(xp.all(target >= 1)), "target dims must be >= 1 (-1 is resolved on build)"),
+            (xp.asarray(xp.all(xp.where(beyond_rank, target == 1, True))),
+             "target shape has dims beyond its rank (the padding must be ones)"),
             (xp.asarray(spec.numel(xp, target) == spec.numel(xp, in_shapes[0])),
              "element count changes")]
   return target, rank, checks

@@ -73,6 +73,31 @@ def _free_unused(nodes: dict, table: jax.Array) -> tuple[dict, jax.Array]:
   return {**nodes, "alive": alive}, table
 
 
+def _propagate_constness(nodes: dict, table: jax.Array) -> dict:
+  """Recomputes is_constant to a fixed point: a Constant, or an op whose inputs are all constant.
+
+  A rewrite that replaces a tensor by an existing constant one (slice of a concat of weights,
+  say) makes its consumers constant too; usually this loop runs once and changes nothing.
+  """
+  from xrlflow_jax.ops import Op  # pylint: disable=g-import-not-at-top
+  has_inputs = (table >= 0).any(-1)
+  source_const = nodes["op"] == int(Op.CONSTANT)
+
+  def compute(const):
+    inputs_const = jnp.all((table < 0) | const[jnp.maximum(table, 0)], axis=-1)
+    return nodes["alive"] & (source_const | (has_inputs & inputs_const))
+
+  def body(state):
+    const, _ = state
+    new = compute(const)
+    return new, jnp.any(new != const)
+
+  first = compute(nodes["is_constant"])
+  const, _ = jax.lax.while_loop(lambda s: s[1], body,
+                                (first, jnp.any(first != nodes["is_constant"])))
+  return {**nodes, "is_constant": const}
+
+
 def apply_edit(graph: layout.Graph, edit: Edit) -> tuple[layout.Graph, jax.Array]:
   """Applies `edit`; returns (new graph, applied). When not applicable the graph is unchanged.
 
@@ -127,6 +152,7 @@ def apply_edit(graph: layout.Graph, edit: Edit) -> tuple[layout.Graph, jax.Array
   nodes["alive"] = nodes["alive"].at[edit.free].set(False, mode="drop")
   table = table.at[edit.free].set(-1, mode="drop")
   nodes, table = _free_unused(nodes, table)
+  nodes = _propagate_constness(nodes, table)
 
   valid = table >= 0
   new_graph = graph._replace(nodes=nodes, edges={**graph.edges, "valid": valid.reshape(-1)},

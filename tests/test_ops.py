@@ -1,0 +1,787 @@
+"""Numerics of every registered op against independent numpy references.
+
+Each case builds a one-op graph with `GraphBuilder`, lowers it with `executor.lower` and runs it,
+twice: once with the operands as graph inputs (the jitted path) and once with the operands as
+constants (the weight pre-processing path, evaluated once at lowering). The references below are
+written directly in numpy (float64), never by calling the lowering under test.
+
+`CASE_BUILDERS` maps every op name to a function returning its cases; a meta-test fails when a
+registered op has no entry, so a newly added op cannot go untested. `tests/test_shape_rules.py`
+reuses `all_cases()`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+import warnings
+import zlib
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import pytest
+
+from xrlflow_jax import GraphBuilder, executor, ops
+from xrlflow_jax.ops import MAX_RANK, Activation, DType
+
+Reference = Callable[..., np.ndarray]
+
+MAX_INPUTS = 5  # input slots of the one-op graphs: BatchNorm takes 5 operands
+
+
+@dataclasses.dataclass(frozen=True)
+class Arg:
+  """One operand of a case.
+
+  Attributes:
+    shape: the operand's shape.
+    kind: value distribution: "normal" N(0, 1); "wide" U(-6, 6); "positive" U(0.5, 2); "away"
+      +-U(0.5, 2) (a safe divisor); "sparse" N(0, 1) with about a third exact zeros; "bool";
+      "int" integers in [-10, 10]; "index<b>" integers in [-b, b) (negative indices included).
+    dtype: numpy dtype name.
+  """
+  shape: tuple[int, ...]
+  kind: str = "normal"
+  dtype: str = "float32"
+
+
+@dataclasses.dataclass(frozen=True)
+class OpCase:
+  """One op applied to operands with attributes, and the numpy reference of its output.
+
+  Attributes:
+    op: op name (as registered).
+    name: short description, unique per op.
+    args: the operands.
+    attrs: attributes exactly as `GraphBuilder.node` takes them (encoded form: bit masks, padded
+      shapes and permutations).
+    reference: numpy function of the operand values returning the expected output.
+    rtol, atol: tolerances of the comparison.
+    float64: hand the reference float64 copies of floating operands (False where the rounding of
+      the original dtype is the point, as in Cast).
+  """
+  op: str
+  name: str
+  args: tuple[Arg, ...]
+  attrs: dict[str, Any]
+  reference: Reference
+  rtol: float = 1e-5
+  atol: float = 1e-5
+  float64: bool = True
+
+  @property
+  def id(self) -> str:
+    return f"{self.op}-{self.name}"
+
+
+def make_values(case: OpCase) -> list[np.ndarray]:
+  """Deterministic random operand values for `case` (seeded by its id)."""
+  rng = np.random.default_rng(zlib.crc32(case.id.encode()))
+  out = []
+  for arg in case.args:
+    shape = arg.shape
+    if arg.kind == "normal":
+      value = rng.standard_normal(shape)
+    elif arg.kind == "wide":
+      value = rng.uniform(-6.0, 6.0, shape)
+    elif arg.kind == "positive":
+      value = rng.uniform(0.5, 2.0, shape)
+    elif arg.kind == "away":
+      value = rng.uniform(0.5, 2.0, shape) * rng.choice([-1.0, 1.0], shape)
+    elif arg.kind == "sparse":
+      value = rng.standard_normal(shape) * (rng.random(shape) < 0.66)
+    elif arg.kind == "bool":
+      value = rng.random(shape) < 0.5
+    elif arg.kind == "int":
+      value = rng.integers(-10, 11, shape)
+    elif arg.kind.startswith("index"):
+      bound = int(arg.kind[5:])
+      value = rng.integers(-bound, bound, shape)
+    else:
+      raise ValueError(f"unknown value kind {arg.kind!r}")
+    out.append(np.asarray(value).astype(arg.dtype))
+  return out
+
+
+def run_case(case: OpCase, values: Sequence[np.ndarray], *,
+             as_constants: bool) -> tuple[np.ndarray, tuple[int, ...], DType]:
+  """Builds the one-op graph of `case`, lowers and runs it.
+
+  Returns:
+    (output array, the node's stored shape, the node's stored dtype).
+  """
+  b = GraphBuilder(seed=0, max_inputs=MAX_INPUTS, name=case.id)
+  if as_constants:
+    operands = [b.constant(v) for v in values]
+  else:
+    operands = [b.input(v.shape, v.dtype) for v in values]
+  y = b.node(case.op, operands, **case.attrs)
+  b.output(y)
+  graph, params = b.build(capacity=len(values) + 1)
+  lowered = executor.lower(graph, params)
+  (out,) = lowered(*([] if as_constants else values))
+  return np.asarray(out), y.shape, y.dtype
+
+
+# ------------------------------------------------------------------ numpy references
+
+def _f64(x: np.ndarray) -> np.ndarray:
+  return np.asarray(x, np.float64)
+
+
+_erf = np.vectorize(math.erf, otypes=[np.float64])
+
+
+def ref_sigmoid(x: np.ndarray) -> np.ndarray:
+  """Logistic function, elementwise (any shape)."""
+  return 1.0 / (1.0 + np.exp(-x))
+
+
+def ref_gelu(x: np.ndarray, approximate: bool = False) -> np.ndarray:
+  """GELU, elementwise: exact x * Phi(x) via math.erf, or the tanh approximation."""
+  if approximate:
+    return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x**3)))
+  return 0.5 * x * (1.0 + _erf(x / math.sqrt(2.0)))
+
+
+ACTIVATION_REFS: dict[Activation, Reference] = {
+    Activation.NONE: lambda x: x,
+    Activation.RELU: lambda x: np.maximum(x, 0.0),
+    Activation.SIGMOID: ref_sigmoid,
+    Activation.TANH: np.tanh,
+    Activation.GELU: ref_gelu,
+}
+
+
+def ref_conv2d(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None = None, *,
+               strides: Sequence[int] = (1, 1), pads: Sequence[int] = (0, 0, 0, 0),
+               dilations: Sequence[int] = (1, 1), groups: int = 1,
+               activation: int = 0) -> np.ndarray:
+  """Direct NCHW grouped convolution: a sum over kernel positions of strided input windows.
+
+  x [N, C, H, W], w [O, C/groups, kh, kw], bias [O]; pads (top, left, bottom, right).
+  """
+  x, w = _f64(x), _f64(w)
+  n, c, h, wd = x.shape
+  o, cg, kh, kw = w.shape
+  assert c == cg * groups and o % groups == 0
+  pt, pl, pb, pr = pads
+  (sh, sw), (dh, dw) = strides, dilations
+  xp = np.pad(x, ((0, 0), (0, 0), (pt, pb), (pl, pr)))
+  ho = (h + pt + pb - dh * (kh - 1) - 1) // sh + 1
+  wo = (wd + pl + pr - dw * (kw - 1) - 1) // sw + 1
+  og = o // groups
+  out = np.zeros((n, o, ho, wo))
+  for g in range(groups):
+    xg = xp[:, g * cg:(g + 1) * cg]
+    for i in range(kh):
+      for j in range(kw):
+        window = xg[:, :, i * dh:i * dh + (ho - 1) * sh + 1:sh,
+                    j * dw:j * dw + (wo - 1) * sw + 1:sw]  # [N, C/groups, Ho, Wo]
+        out[:, g * og:(g + 1) * og] += np.einsum("nchw,oc->nohw", window,
+                                                 w[g * og:(g + 1) * og, :, i, j])
+  if bias is not None:
+    out = out + _f64(bias)[None, :, None, None]
+  return ACTIVATION_REFS[Activation(activation)](out)
+
+
+def _pool_len(size: int, begin: int, end: int, k: int, s: int, ceil_mode: bool) -> int:
+  span = size + begin + end - k
+  out = (-(-span // s) if ceil_mode else span // s) + 1
+  if ceil_mode and (out - 1) * s >= size + begin:
+    out -= 1  # ONNX (as onnxruntime and PyTorch): no window may start in the end padding
+  return out
+
+
+def ref_pool(x: np.ndarray, kind: str, *, kernel: Sequence[int], strides: Sequence[int],
+             pads: Sequence[int], ceil_mode: bool, count_include_pad: bool) -> np.ndarray:
+  """ONNX MaxPool / AveragePool on NCHW, one output cell at a time.
+
+  A window covers input rows [oh*sh - top, oh*sh - top + kh). Max and (count_include_pad off)
+  average use the cells inside the input; with count_include_pad the divisor counts the cells
+  inside the explicitly padded input (never the extra cells ceil mode reaches).
+  """
+  x = _f64(x) if kind == "avg" else x
+  n, c, h, w = x.shape
+  (kh, kw), (sh, sw) = kernel, strides
+  pt, pl, pb, pr = pads
+  ho = _pool_len(h, pt, pb, kh, sh, ceil_mode)
+  wo = _pool_len(w, pl, pr, kw, sw, ceil_mode)
+  out = np.zeros((n, c, ho, wo), x.dtype)
+  for oh, ow in itertools.product(range(ho), range(wo)):
+    r0, c0 = oh * sh - pt, ow * sw - pl
+    rows = [r for r in range(r0, r0 + kh) if 0 <= r < h]
+    cols = [q for q in range(c0, c0 + kw) if 0 <= q < w]
+    cells = x[:, :, rows][:, :, :, cols]
+    if kind == "max":
+      out[:, :, oh, ow] = cells.max(axis=(2, 3))
+    else:
+      if count_include_pad:
+        nr = len([r for r in range(r0, r0 + kh) if -pt <= r < h + pb])
+        nc = len([q for q in range(c0, c0 + kw) if -pl <= q < w + pr])
+      else:
+        nr, nc = len(rows), len(cols)
+      out[:, :, oh, ow] = cells.sum(axis=(2, 3)) / (nr * nc)
+  return out
+
+
+def ref_layer_norm(x: np.ndarray, scale: np.ndarray, bias: np.ndarray | None = None, *,
+                   axis: int, epsilon: float) -> np.ndarray:
+  """Normalises x over axes [axis, rank); scale and bias broadcast against those axes."""
+  axes = tuple(range(axis, x.ndim))
+  mean = x.mean(axis=axes, keepdims=True)
+  var = ((x - mean)**2).mean(axis=axes, keepdims=True)
+  y = (x - mean) / np.sqrt(var + epsilon) * scale
+  return y if bias is None else y + bias
+
+
+def ref_batch_norm(x: np.ndarray, scale: np.ndarray, bias: np.ndarray, mean: np.ndarray,
+                   var: np.ndarray, *, epsilon: float) -> np.ndarray:
+  """Inference batch norm of x [N, C, ...] with per-channel statistics of shape [C]."""
+  shape = (1, -1) + (1,) * (x.ndim - 2)
+  return ((x - mean.reshape(shape)) / np.sqrt(var.reshape(shape) + epsilon) * scale.reshape(shape)
+          + bias.reshape(shape))
+
+
+def to_dense_conv_weight(w: np.ndarray, groups: int) -> np.ndarray:
+  """The block-diagonal dense weight [O, C, kh, kw] equivalent to a grouped one [O, C/g, ...]."""
+  o, ig = w.shape[:2]
+  dense = np.zeros((o, ig * groups) + w.shape[2:], w.dtype)
+  for oc in range(o):
+    g = oc // (o // groups)
+    dense[oc, g * ig:(g + 1) * ig] = w[oc]
+  return dense
+
+
+def from_dense_conv_weight(dense: np.ndarray, groups: int) -> np.ndarray:
+  """The grouped weight [O, C/g, ...] read off the diagonal blocks of a dense one."""
+  o, c = dense.shape[:2]
+  ig = c // groups
+  return np.stack([dense[oc, (oc // (o // groups)) * ig:((oc // (o // groups)) + 1) * ig]
+                   for oc in range(o)])
+
+
+def ref_merge_gconv(w: np.ndarray, *, groups: int, count: int) -> np.ndarray:
+  """TASO's merge_gconv: the weight with groups/count groups computing the same convolution."""
+  return from_dense_conv_weight(to_dense_conv_weight(w, groups), groups // count)
+
+
+# ------------------------------------------------------------------ attribute helpers
+
+def axes_bits(axes: Sequence[int]) -> int:
+  return sum(1 << a for a in axes)
+
+
+def padded_perm(perm: Sequence[int]) -> tuple[int, ...]:
+  return tuple(perm) + (0,) * (MAX_RANK - len(perm))
+
+
+def reshape_attrs(shape: Sequence[int]) -> dict[str, Any]:
+  padded, rank = ops.pad_shape(shape)
+  return {"shape": tuple(int(v) for v in padded), "rank": rank}
+
+
+def pad_attrs(pads: Sequence[tuple[int, int]]) -> tuple[int, ...]:
+  flat = [0] * (2 * MAX_RANK)
+  for i, (b, e) in enumerate(pads):
+    flat[i], flat[MAX_RANK + i] = b, e
+  return tuple(flat)
+
+
+# ------------------------------------------------------------------ cases per op
+
+UNARY_REFS: dict[str, tuple[Reference, str]] = {
+    "Relu": (lambda x: np.maximum(x, 0.0), "normal"),
+    "Sigmoid": (ref_sigmoid, "wide"),
+    "Tanh": (np.tanh, "wide"),
+    "Erf": (_erf, "normal"),
+    "Exp": (np.exp, "normal"),
+    "Log": (np.log, "positive"),
+    "Sqrt": (np.sqrt, "positive"),
+    "Neg": (np.negative, "normal"),
+    "Reciprocal": (np.reciprocal, "away"),
+}
+
+
+def _unary_cases(op: str) -> list[OpCase]:
+  ref, kind = UNARY_REFS[op]
+  return [OpCase(op, f"rank{len(s)}", (Arg(s, kind),), {}, ref)
+          for s in ((2, 3, 4), (), (1, 5), (2, 1, 3, 1, 2, 2))]
+
+
+BINARY_REFS: dict[str, tuple[Reference, str, str]] = {
+    "Add": (np.add, "normal", "normal"),
+    "Sub": (np.subtract, "normal", "normal"),
+    "Mul": (np.multiply, "normal", "normal"),
+    "Div": (np.divide, "normal", "away"),
+    "Pow": (np.power, "positive", "normal"),
+    "Max": (np.maximum, "normal", "normal"),
+    "Min": (np.minimum, "normal", "normal"),
+}
+
+BROADCAST_PAIRS = (
+    ((3, 4), (3, 4)),
+    ((2, 3, 4), (4,)),  # rank mismatch
+    ((4,), (2, 3, 4)),
+    ((2, 1, 4), (3, 1)),  # size-1 dims on both sides
+    ((3, 4), ()),  # scalar
+    ((2, 1, 3, 1, 2, 2), (3, 4, 1, 1)),  # rank 6
+)
+
+
+def _binary_cases(op: str) -> list[OpCase]:
+  ref, ka, kb = BINARY_REFS[op]
+  return [OpCase(op, f"{'x'.join(map(str, a)) or 's'}_{'x'.join(map(str, b)) or 's'}",
+                 (Arg(a, ka), Arg(b, kb)), {}, ref, rtol=2e-5)
+          for a, b in BROADCAST_PAIRS]
+
+
+def _conv_cases() -> list[OpCase]:
+  configs = [
+      # name, x, w, bias, attrs
+      ("plain", (2, 3, 6, 6), (4, 3, 3, 3), False, {}),
+      ("asym_pads_strides_dilations_bias", (1, 3, 9, 8), (5, 3, 3, 2), True,
+       {"strides": (2, 1), "pads": (1, 2, 0, 1), "dilations": (1, 2)}),
+      ("groups2_bias", (1, 4, 5, 5), (6, 2, 3, 3), True, {"pads": (1, 1, 1, 1), "groups": 2}),
+      ("depthwise_stride2", (1, 3, 7, 7), (3, 1, 3, 3), False,
+       {"strides": (2, 2), "pads": (1, 1, 1, 1), "groups": 3}),
+      ("groups3_dilated", (2, 6, 7, 5), (9, 2, 2, 3), True,
+       {"pads": (0, 1, 1, 0), "dilations": (2, 1), "groups": 3}),
+      ("pointwise_stride2", (1, 4, 5, 6), (3, 4, 1, 1), True, {"strides": (2, 2)}),
+  ]
+  cases = []
+  for name, xs, ws, bias, attrs in configs:
+    args = (Arg(xs), Arg(ws)) + ((Arg((ws[0],)),) if bias else ())
+    cases.append(OpCase("Conv2D", name, args, dict(attrs),
+                        lambda *v, a=dict(attrs): ref_conv2d(*v, **a), rtol=1e-4, atol=1e-4))
+  for act in list(Activation)[1:]:
+    attrs = {"pads": (1, 0, 1, 2), "activation": int(act)}
+    cases.append(OpCase("Conv2D", f"bias_{act.name.lower()}",
+                        (Arg((1, 2, 5, 5)), Arg((3, 2, 3, 3)), Arg((3,))), attrs,
+                        lambda *v, a=attrs: ref_conv2d(*v, **a), rtol=1e-4, atol=1e-4))
+  return cases
+
+
+def _matmul_cases() -> list[OpCase]:
+  configs = [
+      ("2d", (3, 4), (4, 5)),
+      ("batched", (2, 3, 4), (2, 4, 5)),
+      ("broadcast_batch", (2, 1, 3, 4), (5, 4, 2)),
+      ("rank_mismatch", (3, 4), (2, 4, 5)),
+      ("rank5", (2, 1, 2, 3, 4), (3, 1, 4, 2)),
+  ]
+  cases = [OpCase("MatMul", name, (Arg(a), Arg(b)), {}, lambda x, y: np.matmul(x, y),
+                  rtol=1e-4, atol=1e-4) for name, a, b in configs]
+  for act in list(Activation)[1:]:
+    cases.append(OpCase("MatMul", f"act_{act.name.lower()}", (Arg((2, 3, 4)), Arg((4, 5))),
+                        {"activation": int(act)},
+                        lambda x, y, f=ACTIVATION_REFS[act]: f(np.matmul(x, y)),
+                        rtol=1e-4, atol=1e-4))
+  return cases
+
+
+POOL_CONFIGS = (
+    # name, x, kernel, strides, pads, ceil_mode
+    ("k2s2", (1, 2, 6, 6), (2, 2), (2, 2), (0, 0, 0, 0), False),
+    ("k3s2_pads", (2, 3, 7, 5), (3, 3), (2, 2), (1, 1, 1, 1), False),
+    ("asym", (1, 2, 7, 7), (3, 2), (2, 3), (1, 0, 2, 1), False),
+    ("ceil", (1, 2, 6, 7), (3, 3), (2, 2), (0, 0, 0, 0), True),
+    ("ceil_pads_drop_last", (1, 1, 5, 5), (2, 2), (2, 2), (1, 1, 1, 1), True),
+    ("ceil_asym", (1, 2, 8, 6), (3, 2), (2, 2), (2, 0, 1, 1), True),
+    ("overlap_s1", (1, 1, 4, 5), (3, 3), (1, 1), (1, 2, 1, 0), False),
+)
+
+
+def _pool_cases(op: str) -> list[OpCase]:
+  kind = "max" if op == "MaxPool" else "avg"
+  cases = []
+  for name, xs, k, s, p, ceil in POOL_CONFIGS:
+    for cip in ((False,) if kind == "max" else (False, True)):
+      attrs = {"kernel": k, "strides": s, "pads": p, "ceil_mode": ceil, "count_include_pad": cip}
+      cases.append(OpCase(op, name + ("_include_pad" if cip else ""), (Arg(xs),), attrs,
+                          lambda x, a=attrs: ref_pool(x, kind, **a)))
+  if kind == "max":
+    attrs = {"kernel": (2, 3), "strides": (1, 2), "pads": (1, 1, 0, 2), "ceil_mode": True}
+    cases.append(OpCase(op, "int32", (Arg((1, 2, 5, 6), "int", "int32"),),
+                        attrs, lambda x, a=attrs: ref_pool(x, "max", count_include_pad=False, **a),
+                        float64=False))
+  return cases
+
+
+def _layer_norm_cases() -> list[OpCase]:
+  def case(name, xs, axis, ss, bs, eps=1e-5):
+    args = (Arg(xs), Arg(ss)) + ((Arg(bs),) if bs is not None else ())
+    return OpCase("LayerNorm", name, args, {"axis": axis, "epsilon": eps},
+                  lambda *v: ref_layer_norm(*v, axis=axis, epsilon=eps), rtol=1e-4, atol=1e-5)
+  return [
+      case("last_axis", (2, 3, 8), 2, (8,), (8,)),
+      case("two_axes", (2, 3, 4), 1, (3, 4), (3, 4)),
+      case("two_axes_broadcast_scale", (2, 3, 4), 1, (3, 1), (4,)),
+      case("no_bias_eps", (4, 6), 1, (6,), None, eps=1e-2),
+      case("whole_tensor", (3, 5), 0, (3, 5), (1, 5)),
+  ]
+
+
+def _batch_norm_cases() -> list[OpCase]:
+  cases = []
+  for xs, eps in (((2, 3, 4, 5), 1e-5), ((4, 3), 1e-3), ((2, 3, 5), 0.1)):
+    c = xs[1]
+    args = (Arg(xs), Arg((c,)), Arg((c,)), Arg((c,)), Arg((c,), "positive"))
+    cases.append(OpCase("BatchNorm", f"rank{len(xs)}", args, {"epsilon": eps},
+                        lambda *v, e=eps: ref_batch_norm(*v, epsilon=e), rtol=1e-5, atol=1e-5))
+  return cases
+
+
+def _reduce_cases(op: str) -> list[OpCase]:
+  fn = np.mean if op == "ReduceMean" else np.sum
+  cases = []
+  for xs, axes in (((2, 3, 4), (1,)), ((2, 3, 4), (0, 2)), ((2, 3, 4), (0, 1, 2)),
+                   ((2, 1, 3, 2, 2), (1, 3, 4)), ((5,), (0,))):
+    for keep in (True, False):
+      cases.append(OpCase(op, f"rank{len(xs)}_axes{''.join(map(str, axes))}_keep{int(keep)}",
+                          (Arg(xs),), {"axes": axes_bits(axes), "keepdims": keep},
+                          lambda x, a=axes, k=keep: fn(x, axis=a, keepdims=k)))
+  # Integers keep their dtype; a mean truncates towards zero (as ONNX runtimes do).
+  cases.append(OpCase(op, "int32", (Arg((3, 5), "int", "int32"),), {"axes": axes_bits((1,))},
+                      lambda x: np.trunc(fn(x.astype(np.float64), axis=1, keepdims=True))
+                      .astype(np.int32), float64=False, rtol=0, atol=0))
+  return cases
+
+
+def _concat_cases() -> list[OpCase]:
+  configs = [
+      ("two_axis0", [(2, 3), (4, 3)], 0),
+      ("three_axis1", [(2, 1, 4), (2, 3, 4), (2, 2, 4)], 1),
+      ("four_last_axis", [(2, 3, 1), (2, 3, 2), (2, 3, 3), (2, 3, 1)], 2),
+      ("rank1", [(3,), (5,)], 0),
+  ]
+  return [OpCase("Concat", name, tuple(Arg(s) for s in shapes), {"axis": axis},
+                 lambda *v, a=axis: np.concatenate(v, axis=a)) for name, shapes, axis in configs]
+
+
+def _slice_cases() -> list[OpCase]:
+  configs = [
+      ((5, 6), 1, 1, 6, 2),
+      ((5, 6), 0, 0, 5, 3),
+      ((2, 7, 3), 1, 2, 7, 1),
+      ((2, 7, 3), 1, 1, 3, 5),  # step longer than the range: one element
+      ((2, 3, 4, 9), 3, 0, 9, 4),
+  ]
+  cases = []
+  for xs, axis, start, end, step in configs:
+    index = tuple([slice(None)] * axis + [slice(start, end, step)])
+    cases.append(OpCase("Slice", f"rank{len(xs)}_axis{axis}_{start}_{end}_{step}", (Arg(xs),),
+                        {"axis": axis, "start": start, "end": end, "step": step},
+                        lambda x, i=index: x[i]))
+  return cases
+
+
+def _reshape_cases() -> list[OpCase]:
+  configs = [((2, 3, 4), (6, 4)), ((2, 3, 4), (24,)), ((2, 3, 4), (2, 1, 12, 1)),
+             ((24,), (2, 3, 2, 2)), ((1, 1), ()), ((6, 2), (1, 2, 1, 3, 2, 1))]
+  return [OpCase("Reshape", f"{'x'.join(map(str, a))}_to_{'x'.join(map(str, b)) or 's'}",
+                 (Arg(a),), reshape_attrs(b), lambda x, s=b: np.reshape(x, s))
+          for a, b in configs]
+
+
+def _transpose_cases() -> list[OpCase]:
+  configs = [((3, 4), (1, 0)), ((2, 3, 4), (2, 0, 1)), ((2, 3, 4, 5), (0, 2, 3, 1)),
+             ((2, 3, 1, 4, 2), (4, 2, 0, 3, 1)), ((2, 1, 3, 1, 2, 3), (5, 4, 3, 2, 1, 0)),
+             ((2, 3, 4), (0, 1, 2))]
+  return [OpCase("Transpose", f"rank{len(s)}_{''.join(map(str, p))}", (Arg(s),),
+                 {"perm": padded_perm(p)}, lambda x, q=p: np.transpose(x, q))
+          for s, p in configs]
+
+
+def _squeeze_cases() -> list[OpCase]:
+  configs = [((1, 3, 1, 4, 1), (0, 2)), ((1, 3, 1, 4, 1), (0, 2, 4)), ((3, 1), (1,)),
+             ((1, 1), (0, 1))]
+  return [OpCase("Squeeze", f"{'x'.join(map(str, s))}_axes{''.join(map(str, a))}", (Arg(s),),
+                 {"axes": axes_bits(a)}, lambda x, b=a: np.squeeze(x, axis=b)) for s, a in configs]
+
+
+def _unsqueeze_cases() -> list[OpCase]:
+  configs = [((3, 4), (0, 3)), ((3, 4), (1, 2)), ((), (0,)), ((2, 3), (0, 1, 2, 3)),
+             ((2, 3), (1, 3))]
+  return [OpCase("Unsqueeze", f"{'x'.join(map(str, s)) or 's'}_axes{''.join(map(str, a))}",
+                 (Arg(s),), {"axes": axes_bits(a)}, lambda x, b=a: np.expand_dims(x, b))
+          for s, a in configs]
+
+
+def _gather_cases() -> list[OpCase]:
+  configs = [
+      ("axis0", (5, 4), (3,), 5, 0),
+      ("axis1_rank2_indices", (3, 6, 2), (2, 4), 6, 1),
+      ("axis1_scalar_index", (4, 3), (), 3, 1),
+      ("axis0_embedding", (7, 3), (2, 5), 7, 0),
+  ]
+  return [OpCase("Gather", name, (Arg(ds), Arg(ix, f"index{bound}", "int32")), {"axis": axis},
+                 lambda d, i, a=axis: np.take(d, i, axis=a), float64=False)
+          for name, ds, ix, bound, axis in configs]
+
+
+def _pad_cases() -> list[OpCase]:
+  configs = [
+      ("constant", (3, 4), ((1, 2), (0, 3)), 0, 1.5),
+      ("constant_rank1", (5,), ((2, 1),), 0, 0.0),
+      ("reflect", (2, 3, 4, 5), ((0, 0), (0, 1), (2, 1), (1, 3)), 1, 0.0),
+      ("edge", (3, 4), ((2, 0), (1, 2)), 2, 0.0),
+  ]
+  modes = ("constant", "reflect", "edge")
+  cases = []
+  for name, xs, pads, mode, value in configs:
+    def ref(x, p=pads, m=modes[mode], v=value):
+      return np.pad(x, p, mode=m, constant_values=v) if m == "constant" else np.pad(x, p, mode=m)
+    cases.append(OpCase("Pad", name, (Arg(xs),),
+                        {"pads": pad_attrs(pads), "mode": mode, "value": value}, ref))
+  return cases
+
+
+def _cast_cases() -> list[OpCase]:
+  configs = [("f32_to_i32", "wide", "float32", "int32"), ("f32_to_f16", "normal", "float32",
+                                                          "float16"),
+             ("f32_to_bool", "sparse", "float32", "bool"), ("i32_to_f32", "int", "int32",
+                                                            "float32"),
+             ("bool_to_f32", "bool", "bool", "float32"), ("f32_to_f32", "normal", "float32",
+                                                          "float32")]
+  return [OpCase("Cast", name, (Arg((3, 5), kind, src),), {"to": int(ops.dtype_code(dst))},
+                 lambda x, d=dst: x.astype(d), float64=False, rtol=0, atol=0)
+          for name, kind, src, dst in configs]
+
+
+def _where_cases() -> list[OpCase]:
+  configs = [("same", (3, 4), (3, 4), (3, 4)), ("broadcast", (3, 1), (1, 4), (2, 3, 4)),
+             ("scalar_branch", (2, 3), (), (3,))]
+  return [OpCase("Where", name, (Arg(c, "bool", "bool"), Arg(a), Arg(b)), {},
+                 lambda c, x, y: np.where(c, x, y)) for name, c, a, b in configs]
+
+
+def _clip_cases() -> list[OpCase]:
+  cases = []
+  for name, bounds in (("both", {"min": -0.5, "max": 0.7}), ("min_only", {"min": 0.2}),
+                       ("max_only", {"max": -0.1})):
+    lo, hi = bounds.get("min", -np.inf), bounds.get("max", np.inf)
+    cases.append(OpCase("Clip", name, (Arg((3, 4)),), dict(bounds),
+                        lambda x, lo=lo, hi=hi: np.clip(x, lo, hi)))
+  cases.append(OpCase("Clip", "int32", (Arg((3, 4), "int", "int32"),), {"min": -3.0, "max": 4.0},
+                      lambda x: np.clip(x, -3, 4), float64=False))
+  cases.append(OpCase("Clip", "float16_default_min", (Arg((3, 4), "normal", "float16"),),
+                      {"max": 0.7}, lambda x: np.minimum(x, np.float16(0.7)), float64=False,
+                      rtol=0, atol=0))
+  cases.append(OpCase("Clip", "int32_max_only", (Arg((3, 4), "int", "int32"),), {"max": 2.0},
+                      lambda x: np.minimum(x, 2), float64=False))
+  return cases
+
+
+def _hard_sigmoid_cases() -> list[OpCase]:
+  return [OpCase("HardSigmoid", name, (Arg((3, 7), "wide"),), attrs,
+                 lambda x, a=attrs.get("alpha", 0.2), b=attrs.get("beta", 0.5):
+                 np.maximum(0.0, np.minimum(1.0, a * x + b)))
+          for name, attrs in (("default", {}), ("alpha_beta", {"alpha": 0.3, "beta": 0.4}))]
+
+
+def _hard_swish_cases() -> list[OpCase]:
+  return [OpCase("HardSwish", "wide", (Arg((4, 7), "wide"),), {},
+                 lambda x: x * np.maximum(0.0, np.minimum(1.0, x / 6.0 + 0.5)))]
+
+
+def _gelu_cases() -> list[OpCase]:
+  return [OpCase("Gelu", "exact", (Arg((3, 7), "wide"),), {"approximate": False},
+                 lambda x: ref_gelu(x, False)),
+          OpCase("Gelu", "tanh", (Arg((3, 7), "wide"),), {"approximate": True},
+                 lambda x: ref_gelu(x, True))]
+
+
+def _softmax_cases() -> list[OpCase]:
+  def ref(x, axis):
+    e = np.exp(x - x.max(axis=axis, keepdims=True))
+    return e / e.sum(axis=axis, keepdims=True)
+  configs = [((2, 3, 4), 0), ((2, 3, 4), 1), ((2, 3, 4), 2), ((5,), 0)]
+  return [OpCase("Softmax", f"rank{len(s)}_axis{a}", (Arg(s, "wide"),), {"axis": a},
+                 lambda x, a=a: ref(x, a)) for s, a in configs]
+
+
+def _global_avg_pool_cases() -> list[OpCase]:
+  return [OpCase("GlobalAvgPool", "x".join(map(str, s)), (Arg(s),), {},
+                 lambda x: x.mean(axis=(2, 3), keepdims=True))
+          for s in ((2, 3, 5, 4), (1, 1, 1, 1))] + [
+              OpCase("GlobalAvgPool", "int32", (Arg((1, 2, 3, 4), "int", "int32"),), {},
+                     lambda x: np.trunc(x.astype(np.float64).mean(axis=(2, 3), keepdims=True))
+                     .astype(np.int32), float64=False, rtol=0, atol=0)]
+
+
+def _enlarge_cases() -> list[OpCase]:
+  configs = [((4, 2, 1, 1), (3, 3)), ((3, 2, 3, 1), (5, 3)), ((2, 1, 3, 3), (3, 3)),
+             ((2, 2, 1, 3), (5, 7))]
+  cases = []
+  for ws, k in configs:
+    dh, dw = (k[0] - ws[2]) // 2, (k[1] - ws[3]) // 2
+    def ref(w, dh=dh, dw=dw, k=k):
+      out = np.zeros(w.shape[:2] + tuple(k), w.dtype)
+      out[:, :, dh:dh + w.shape[2], dw:dw + w.shape[3]] = w
+      return out
+    cases.append(OpCase("Enlarge", f"{ws[2]}x{ws[3]}_to_{k[0]}x{k[1]}", (Arg(ws),),
+                        {"kernel": k}, ref))
+  return cases
+
+
+MERGE_GCONV_CONFIGS = (
+    # weight shape [O, I/g, kh, kw], groups, count
+    ((8, 2, 3, 3), 4, 2),
+    ((8, 2, 3, 3), 4, 4),
+    ((12, 1, 1, 1), 6, 3),
+    ((6, 3, 2, 2), 2, 1),
+    ((12, 2, 3, 1), 6, 2),
+)
+
+
+def _merge_gconv_cases() -> list[OpCase]:
+  return [OpCase("MergeGConv", f"O{ws[0]}_g{g}_c{c}", (Arg(ws),), {"groups": g, "count": c},
+                 lambda w, g=g, c=c: ref_merge_gconv(w, groups=g, count=c))
+          for ws, g, c in MERGE_GCONV_CONFIGS]
+
+
+CASE_BUILDERS: dict[str, Callable[[], list[OpCase]]] = {
+    **{op: (lambda op=op: _unary_cases(op)) for op in UNARY_REFS},
+    **{op: (lambda op=op: _binary_cases(op)) for op in BINARY_REFS},
+    "Conv2D": _conv_cases,
+    "MatMul": _matmul_cases,
+    "MaxPool": lambda: _pool_cases("MaxPool"),
+    "AvgPool": lambda: _pool_cases("AvgPool"),
+    "GlobalAvgPool": _global_avg_pool_cases,
+    "Softmax": _softmax_cases,
+    "LayerNorm": _layer_norm_cases,
+    "BatchNorm": _batch_norm_cases,
+    "ReduceMean": lambda: _reduce_cases("ReduceMean"),
+    "ReduceSum": lambda: _reduce_cases("ReduceSum"),
+    "Concat": _concat_cases,
+    "Slice": _slice_cases,
+    "Reshape": _reshape_cases,
+    "Transpose": _transpose_cases,
+    "Squeeze": _squeeze_cases,
+    "Unsqueeze": _unsqueeze_cases,
+    "Gather": _gather_cases,
+    "Pad": _pad_cases,
+    "Cast": _cast_cases,
+    "Where": _where_cases,
+    "Clip": _clip_cases,
+    "HardSigmoid": _hard_sigmoid_cases,
+    "HardSwish": _hard_swish_cases,
+    "Gelu": _gelu_cases,
+    "Enlarge": _enlarge_cases,
+    "MergeGConv": _merge_gconv_cases,
+}
+
+
+def all_cases() -> list[OpCase]:
+  """Every numerics case of every op in `CASE_BUILDERS` that is registered, in table order."""
+  registered = {s.name for s in ops.all_specs()}
+  return [c for op, build in CASE_BUILDERS.items() if op in registered for c in build()]
+
+
+ALL_CASES = all_cases()
+
+
+# ------------------------------------------------------------------ tests
+
+def test_every_registered_op_has_a_numerics_case():
+  registered = {s.name for s in ops.all_specs() if not s.source}
+  untested = sorted(registered - set(CASE_BUILDERS))
+  assert not untested, (f"registered ops without a numerics test: {untested}; add a case builder "
+                        "to CASE_BUILDERS in tests/test_ops.py")
+  stale = sorted(set(CASE_BUILDERS) - registered)
+  assert not stale, f"CASE_BUILDERS names ops that are not registered: {stale}"
+  for op, build in CASE_BUILDERS.items():
+    cases = build()
+    assert cases, f"no cases for {op}"
+    assert all(c.op == op for c in cases), op
+    ids = [c.id for c in cases]
+    assert len(ids) == len(set(ids)), f"duplicate case names for {op}: {ids}"
+
+
+# The folded (all-constant) path runs op by op outside `jit`, which costs more per case: it runs
+# the first case of every op, and every case of the weight transforms that rewrites always fold.
+FOLDED_CASES = [c for i, c in enumerate(ALL_CASES)
+                if i == 0 or c.op != ALL_CASES[i - 1].op or c.op in ("Enlarge", "MergeGConv")]
+
+
+def _check_case(case: OpCase, as_constants: bool) -> None:
+  values = make_values(case)
+  with warnings.catch_warnings():
+    # An overflow or invalid-value warning from a lowering on valid operands is a bug.
+    warnings.simplefilter("error", RuntimeWarning)
+    out, stored_shape, stored_dtype = run_case(case, values, as_constants=as_constants)
+  ref_args = [_f64(v) if case.float64 and np.issubdtype(v.dtype, np.floating) else v
+              for v in values]
+  expected = np.asarray(case.reference(*ref_args))
+  assert out.shape == expected.shape == stored_shape, (
+      f"{case.id}: lowering gives {out.shape}, reference {expected.shape}, node {stored_shape}")
+  assert out.dtype == ops.numpy_dtype(stored_dtype), (out.dtype, stored_dtype)
+  if not case.float64:
+    assert out.dtype == expected.dtype, (out.dtype, expected.dtype)
+  if case.rtol == 0 and case.atol == 0:
+    np.testing.assert_array_equal(out, expected, err_msg=case.id)
+  else:
+    np.testing.assert_allclose(out.astype(np.float64), expected, rtol=case.rtol, atol=case.atol,
+                               err_msg=case.id)
+
+
+@pytest.mark.parametrize("case", ALL_CASES, ids=lambda c: c.id)
+def test_op_numerics(case: OpCase):
+  """The op on graph inputs: the jitted path every timed graph takes."""
+  _check_case(case, as_constants=False)
+
+
+@pytest.mark.parametrize("case", FOLDED_CASES, ids=lambda c: c.id)
+def test_op_numerics_folded(case: OpCase):
+  """The op on constants: evaluated once at lowering (weight pre-processing)."""
+  _check_case(case, as_constants=True)
+
+
+def test_references_are_not_trivial():
+  """Guards the harness: a reference that ignores its operands would let a case pass anything."""
+  rng = np.random.default_rng(0)
+  for case in ALL_CASES:
+    values = make_values(case)
+    ref_args = [_f64(v) if case.float64 and np.issubdtype(v.dtype, np.floating) else v
+                for v in values]
+    expected = np.asarray(case.reference(*ref_args))
+    assert np.all(np.isfinite(expected.astype(np.float64))), f"{case.id}: non-finite reference"
+    floats = [i for i, v in enumerate(ref_args) if np.issubdtype(v.dtype, np.floating)]
+    if case.op == "Cast" or not floats:
+      continue
+    # A random relative change of the first floating operand (keeps signs, so the domains of
+    # Log, Sqrt and divisors are respected) must change the expected output.
+    i = floats[0]
+    perturbed = list(ref_args)
+    perturbed[i] = ref_args[i] * rng.uniform(1.1, 1.5, ref_args[i].shape).astype(
+        ref_args[i].dtype)
+    changed = np.asarray(case.reference(*perturbed))
+    assert not np.allclose(changed, expected), f"{case.id}: reference ignores operand {i}"
+
+
+@pytest.mark.parametrize("shape,groups,count", MERGE_GCONV_CONFIGS,
+                         ids=[f"O{s[0]}_g{g}_c{c}" for s, g, c in MERGE_GCONV_CONFIGS])
+@pytest.mark.parametrize("weight_is_input", [False, True], ids=["folded", "dynamic"])
+def test_merge_gconv_preserves_grouped_convolution(shape: tuple[int, ...], groups: int,
+                                                   count: int, weight_is_input: bool):
+  """conv(x, merge_gconv(w, g, c), groups=g/c) == conv(x, w, groups=g): TASO's merge rule."""
+  rng = np.random.default_rng(groups * 10 + count)
+  o, ig, kh, kw = shape
+  x = rng.standard_normal((2, ig * groups, 6, 5)).astype(np.float32)
+  w = rng.standard_normal(shape).astype(np.float32)
+  pads = (kh // 2, kw // 2, (kh - 1) // 2, (kw - 1) // 2)
+  b = GraphBuilder(seed=0)
+  xt = b.input(x.shape)
+  wt = b.input(w.shape) if weight_is_input else b.constant(w)
+  merged = b.merge_gconv(wt, groups=groups, count=count)
+  y_merged = b.conv2d(xt, merged, padding=pads, groups=groups // count)
+  y_grouped = b.conv2d(xt, wt, padding=pads, groups=groups)
+  b.output(y_merged, y_grouped)
+  graph, params = b.build(capacity=8)
+  feeds = [x, w] if weight_is_input else [x]
+  out_merged, out_grouped = (np.asarray(v) for v in executor.lower(graph, params)(*feeds))
+  expected = ref_conv2d(x, w, pads=pads, groups=groups)
+  np.testing.assert_allclose(out_grouped, expected, rtol=1e-4, atol=1e-4)
+  np.testing.assert_allclose(out_merged, expected, rtol=1e-4, atol=1e-4)
