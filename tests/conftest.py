@@ -16,3 +16,16 @@ def shared_dir() -> Path:
     pytest.skip(f"../shared is absent (looked for {SHARED}); it holds the ONNX models and "
                 "TASO's rule file these tests read")
   return SHARED
+
+
+def pytest_configure(config):
+  """Shares XLA compilations between test processes (pytest-xdist workers) of one run."""
+  import os  # pylint: disable=g-import-not-at-top
+  import tempfile  # pylint: disable=g-import-not-at-top
+
+  import jax  # pylint: disable=g-import-not-at-top
+  cache = os.environ.setdefault("XRLFLOW_TEST_JAX_CACHE",
+                                tempfile.mkdtemp(prefix="xrlflow-jax-cache-"))
+  jax.config.update("jax_compilation_cache_dir", cache)
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
+  del config

@@ -242,52 +242,33 @@ class CompiledRule:
     return MatchResult(valid, nodes, found)
 
   # ------------------------------------------------------------------ editing
-  def edit(self, graph: layout.Graph, nodes: jax.Array, m: int, q: int, fr: int) -> edit_lib.Edit:
-    """The edit for one location (`nodes` int32[P] from `match`), padded to (m, q, fr)."""
+  def plan(self, graph: layout.Graph, nodes: jax.Array, m: int, q: int,
+           fr: int) -> edit_lib.Edit:
+    """The edit for one location (`nodes` int32[P] from `match`), padded to (m, q, fr), with
+    shapes, dtypes and constness of the new nodes left for `edit_lib.complete` to fill in.
+
+    Attribute functions see the matched (source) elements only, so this part is small: under
+    `lax.switch` every rule compiles one of these, while the shape rules compile once.
+    """
     rule = self.rule
     k = layout.input_table(graph).shape[-1]
     n = graph.nodes["op"].shape[-1]
     nodes = jnp.maximum(nodes, 0)
-    view = MatchView(rule, graph, nodes, new={})
-    ok = jnp.asarray(True)
+    view = MatchView(rule, graph, nodes)
     rows = []
-    for t, d in enumerate(rule.dst):
-      spec = ops.get(d.op)
-      width = max(k, 3)
-      in_shapes = jnp.ones([width, R], jnp.int32)
-      in_ranks = jnp.zeros([width], jnp.int32)
+    for d in rule.dst:
       kinds = np.zeros([k], np.int32)
       refs = [jnp.int32(0)] * k
-      in_dtypes, in_const = [], []
       for i, ref in enumerate(d.inputs):
         if ref.kind == "dst":
           kinds[i], refs[i] = edit_lib.NEW, jnp.int32(ref.index)
         else:
           kinds[i], refs[i] = edit_lib.EXISTING, view.node(ref)
-        in_shapes = in_shapes.at[i].set(view.shape(ref))
-        in_ranks = in_ranks.at[i].set(view.rank(ref))
-        in_dtypes.append(view.dtype(ref))
-        in_const.append(view.const(ref))
       base = view.attrs(d.like) if d.like is not None else None
       values = {name: (fn(view) if callable(fn) else fn) for name, fn in d.attrs}
-      vec = encode_attrs_jit(d.op, base, values)
-      shape, rank, checks = spec.shape_rule(jnp, in_shapes, in_ranks, vec, len(d.inputs))
-      for c, _ in checks:
-        ok = ok & c
-      if spec.dtype_rule.startswith("attr:"):
-        dtype = view_attr_from_vec(d.op, vec, spec.dtype_rule[5:])
-      else:
-        dtype = in_dtypes[1 if spec.dtype_rule == "input1" else 0]
-      const = jnp.asarray(True)
-      for c in in_const:
-        const = const & c
-      view.new[t] = {"shape": jnp.asarray(shape, jnp.int32), "rank": jnp.asarray(rank, jnp.int32),
-                     "dtype": jnp.asarray(dtype, jnp.int32), "attrs": vec, "is_constant": const}
-      rows.append((int(d.op), kinds, jnp.stack(refs)))
-    # A replacement must produce exactly the tensor it replaces.
+      rows.append((int(d.op), encode_attrs_jit(d.op, base, values), kinds, jnp.stack(refs)))
     red_old, red_kind, red_ref = [], [], []
     for root, by in rule.replace:
-      ok = ok & view.same_shape(root, by) & (view.dtype(root) == view.dtype(by))
       red_old.append(view.node(root))
       if by.kind == "dst":
         red_kind.append(edit_lib.NEW)
@@ -303,23 +284,25 @@ class CompiledRule:
       return jnp.stack(values) if values else jnp.zeros([0], dtype)
 
     nd = len(rule.dst)
-    new = view.new
     return edit_lib.Edit(
         new_valid=jnp.arange(m) < nd,
         new_op=pad([r[0] for r in rows], m, 0, jnp.int32),
-        new_attrs=pad([new[t]["attrs"] for t in range(nd)], m, jnp.zeros([ops.ATTR_WIDTH]),
-                      jnp.int32),
-        new_shape=pad([new[t]["shape"] for t in range(nd)], m, jnp.ones([R]), jnp.int32),
-        new_rank=pad([new[t]["rank"] for t in range(nd)], m, 0, jnp.int32),
-        new_dtype=pad([new[t]["dtype"] for t in range(nd)], m, 0, jnp.int32),
-        new_const=pad([new[t]["is_constant"] for t in range(nd)], m, False, bool),
-        in_kind=pad([r[1] for r in rows], m, np.zeros([k]), jnp.int32),
-        in_ref=pad([r[2] for r in rows], m, np.zeros([k]), jnp.int32),
+        new_attrs=pad([r[1] for r in rows], m, jnp.zeros([ops.ATTR_WIDTH]), jnp.int32),
+        new_shape=jnp.ones([m, R], jnp.int32),
+        new_rank=jnp.zeros([m], jnp.int32),
+        new_dtype=jnp.zeros([m], jnp.int32),
+        new_const=jnp.zeros([m], bool),
+        in_kind=pad([r[2] for r in rows], m, np.zeros([k]), jnp.int32),
+        in_ref=pad([r[3] for r in rows], m, np.zeros([k]), jnp.int32),
         red_old=pad(red_old, q, n, jnp.int32),
         red_kind=pad(red_kind, q, 0, jnp.int32),
         red_ref=pad(red_ref, q, 0, jnp.int32),
         free=pad(free, fr, n, jnp.int32),
-        ok=ok)
+        ok=jnp.asarray(True))
+
+  def edit(self, graph: layout.Graph, nodes: jax.Array, m: int, q: int, fr: int) -> edit_lib.Edit:
+    """The complete edit for one location (shapes from the shape rules)."""
+    return edit_lib.complete(graph, self.plan(graph, nodes, m, q, fr))
 
   def apply(self, graph: layout.Graph, nodes: jax.Array) -> tuple[layout.Graph, jax.Array]:
     """Applies this rule at one location; returns (graph, applied)."""

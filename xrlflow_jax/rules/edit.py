@@ -48,6 +48,85 @@ class Edit:
   ok: jax.Array
 
 
+def _dtype_rule_table() -> tuple[jax.Array, jax.Array]:
+  """Per op code: which input gives the output dtype (0 or 1), or -1 for an attribute, and that
+  attribute's offset."""
+  from xrlflow_jax import ops  # pylint: disable=g-import-not-at-top
+  source, offset = [], []
+  for spec in ops.all_specs():
+    rule = spec.dtype_rule
+    if rule.startswith("attr:"):
+      source.append(-1)
+      offset.append(spec.attr_offsets()[rule[5:]][0])
+    else:
+      source.append(1 if rule == "input1" else 0)
+      offset.append(0)
+  return jnp.asarray(source, jnp.int32), jnp.asarray(offset, jnp.int32)
+
+
+def complete(graph: layout.Graph, edit: Edit) -> Edit:
+  """Fills in shapes, ranks, dtypes and constness of an edit's new nodes from the shape rules.
+
+  One `lax.scan` over the M new nodes (in order, so a new node may read earlier ones) with
+  `ops.infer_shape_jit`, so the shape rules are compiled once for every rule. Also checks that
+  every replacement has exactly the shape and dtype of the tensor it replaces; a failure makes
+  `ok` false and the edit is not applied.
+  """
+  from xrlflow_jax import ops  # pylint: disable=g-import-not-at-top
+  nodes = graph.nodes
+  n = nodes["op"].shape[-1]
+  m, k = edit.in_kind.shape
+  width = max(k, 3)
+  dtype_source, dtype_offset = _dtype_rule_table()
+
+  def step(carry, j):
+    shapes, ranks, dtypes, const = carry
+    kind, ref = edit.in_kind[j], edit.in_ref[j]
+    existing = jnp.clip(ref, 0, n - 1)
+    new = jnp.clip(ref, 0, m - 1)
+    in_shapes = jnp.where((kind == EXISTING)[:, None], nodes["shape"][existing],
+                          jnp.where((kind == NEW)[:, None], shapes[new], 1))
+    in_ranks = jnp.where(kind == EXISTING, nodes["rank"][existing],
+                         jnp.where(kind == NEW, ranks[new], 0))
+    in_dtypes = jnp.where(kind == EXISTING, nodes["dtype"][existing], dtypes[new])
+    in_const = jnp.where(kind == EXISTING, nodes["is_constant"][existing],
+                         jnp.where(kind == NEW, const[new], True))
+    if width > k:
+      in_shapes = jnp.concatenate([in_shapes, jnp.ones([width - k, in_shapes.shape[1]],
+                                                       jnp.int32)])
+      in_ranks = jnp.concatenate([in_ranks, jnp.zeros([width - k], jnp.int32)])
+    op = edit.new_op[j]
+    attrs = edit.new_attrs[j]
+    n_in = (kind != NONE).sum().astype(jnp.int32)
+    shape, rank, ok = ops.infer_shape_jit(op, in_shapes, in_ranks, attrs, n_in,
+                                          jnp.ones_like(in_shapes[0]), jnp.int32(0))
+    src = dtype_source[op]
+    dtype = jnp.where(src < 0, attrs[dtype_offset[op]], in_dtypes[jnp.maximum(src, 0)])
+    is_const = jnp.all(in_const) & (n_in > 0)
+    valid = edit.new_valid[j]
+    carry = (shapes.at[j].set(shape), ranks.at[j].set(rank), dtypes.at[j].set(dtype),
+             const.at[j].set(is_const))
+    return carry, ~valid | ok
+
+  init = (edit.new_shape, edit.new_rank, edit.new_dtype, edit.new_const)
+  (shapes, ranks, dtypes, const), oks = jax.lax.scan(step, init, jnp.arange(m))
+  ok = edit.ok & jnp.all(oks)
+  # A replacement must produce exactly the tensor it replaces.
+  for q in range(edit.red_old.shape[0]):
+    old = jnp.clip(edit.red_old[q], 0, n - 1)
+    active = edit.red_old[q] < n
+    is_new = edit.red_kind[q] == NEW
+    ref_e = jnp.clip(edit.red_ref[q], 0, n - 1)
+    ref_n = jnp.clip(edit.red_ref[q], 0, m - 1)
+    shape = jnp.where(is_new, shapes[ref_n], nodes["shape"][ref_e])
+    rank = jnp.where(is_new, ranks[ref_n], nodes["rank"][ref_e])
+    dtype = jnp.where(is_new, dtypes[ref_n], nodes["dtype"][ref_e])
+    same = (jnp.all(shape == nodes["shape"][old]) & (rank == nodes["rank"][old])
+            & (dtype == nodes["dtype"][old]))
+    ok = ok & (~active | same)
+  return edit.replace(new_shape=shapes, new_rank=ranks, new_dtype=dtypes, new_const=const, ok=ok)
+
+
 def _free_unused(nodes: dict, table: jax.Array) -> tuple[dict, jax.Array]:
   """Frees alive nodes nobody reads that are neither outputs nor graph inputs, to a fixed point."""
   n = table.shape[0]

@@ -236,24 +236,31 @@ class MatchView:
 def encode_attrs_jit(op: Op, base: jax.Array | None, values: dict[str, Any]) -> jax.Array:
   """Attribute vector int32[A] for `op` from named values (Python or traced), inside jit.
 
-  Fields not in `values` come from `base` (when given) or the field default.
+  Fields not in `values` come from `base` (when given) or the field default. Python values are
+  encoded on the host, so only traced values cost ops.
   """
   spec = ops.get(op)
-  vec = jnp.asarray(base if base is not None else spec.encode_attrs(), jnp.int32)
-  for name, (offset, field) in spec.attr_offsets().items():
-    if name not in values:
-      continue
-    value = values[name]
-    if field.kind == "float":
-      if isinstance(value, (int, float)):
-        bits = jnp.asarray([ops.float_to_bits(float(value))], jnp.int32)
-      else:
-        bits = jax.lax.bitcast_convert_type(jnp.asarray(value, jnp.float32), jnp.int32)
-      bits = jnp.reshape(bits, (field.width,))
-    else:
-      bits = jnp.reshape(jnp.asarray(np.asarray(value) if isinstance(value, (tuple, list))
-                                     else value).astype(jnp.int32), (field.width,))
-    vec = jax.lax.dynamic_update_slice(vec, bits, (offset,))
   unknown = set(values) - set(spec.attr_offsets())
   assert not unknown, f"{spec.name} has no attribute(s) {sorted(unknown)}"
-  return vec
+  defaults = spec.encode_attrs()
+  pieces: list[Any] = []
+  used = 0
+  for name, (offset, field) in spec.attr_offsets().items():
+    used = offset + field.width
+    if name not in values:
+      pieces.append(base[offset:used] if base is not None else defaults[offset:used])
+      continue
+    value = values[name]
+    traced = isinstance(value, jax.Array) or (
+        isinstance(value, (tuple, list)) and any(isinstance(v, jax.Array) for v in value))
+    if not traced:
+      pieces.append(spec.encode_attrs(**{name: value})[offset:used])
+    elif field.kind == "float":
+      bits = jax.lax.bitcast_convert_type(jnp.asarray(value, jnp.float32), jnp.int32)
+      pieces.append(jnp.reshape(bits, (field.width,)))
+    else:
+      arr = jnp.stack(value) if isinstance(value, (tuple, list)) else jnp.asarray(value)
+      pieces.append(jnp.reshape(arr.astype(jnp.int32), (field.width,)))
+  tail = base[used:] if base is not None else defaults[used:]
+  return jnp.concatenate([jnp.asarray(p, jnp.int32) for p in pieces] + [jnp.asarray(tail,
+                                                                                   jnp.int32)])

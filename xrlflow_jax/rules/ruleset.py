@@ -55,6 +55,9 @@ class RuleSet:
     self.max_redirects = max(len(r.replace) for r in rules)  # Q
     self.max_freed = max(len(r.src) for r in rules)  # F
     self.need_depth = any(c.needs_depth for c in self.compiled)
+    self.jit_match = jax.jit(self.match)
+    self.jit_apply = jax.jit(self.apply)
+    self.jit_apply_action = jax.jit(self.apply_action)
 
   def __len__(self) -> int:
     return len(self.rules)
@@ -84,13 +87,18 @@ class RuleSet:
     return RuleSetMatch(mask=jnp.stack(masks), nodes=jnp.stack(nodes), found=jnp.stack(found))
 
   def edit(self, graph: layout.Graph, rule_index: jax.Array, nodes: jax.Array) -> edit_lib.Edit:
-    """The padded edit of rule `rule_index` at `nodes` (int32[P]), chosen by `lax.switch`."""
+    """The padded edit of rule `rule_index` at `nodes` (int32[P]).
+
+    The rule-specific plan is chosen by `lax.switch`; shapes come from one shared pass over the
+    shape rules (`edit_lib.complete`).
+    """
     def branch(c: CompiledRule):
       def fn(graph, nodes):
-        return c.edit(graph, nodes[:c.rule.num_slots], self.max_new, self.max_redirects,
+        return c.plan(graph, nodes[:c.rule.num_slots], self.max_new, self.max_redirects,
                       self.max_freed)
       return fn
-    return jax.lax.switch(rule_index, [branch(c) for c in self.compiled], graph, nodes)
+    plan = jax.lax.switch(rule_index, [branch(c) for c in self.compiled], graph, nodes)
+    return edit_lib.complete(graph, plan)
 
   def apply(self, graph: layout.Graph, rule_index: jax.Array,
             nodes: jax.Array) -> tuple[layout.Graph, jax.Array]:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 from typing import Sequence
 
-import jax
 import numpy as np
 
 from xrlflow_jax import executor
@@ -78,11 +77,16 @@ def _compare(ref: Sequence[np.ndarray], out: Sequence[np.ndarray], rtol: float, 
 
 
 def verify_rule(rule: Rule, seeds: Sequence[int] = range(4), *, rtol: float = 1e-4,
-                atol: float = 1e-5, capacity: int = CAPACITY) -> RuleReport:
-  """Runs the harness on one rule; the report lists every problem (empty when the rule passes)."""
-  rs = RuleSet([rule], max_locations=16)
-  match = jax.jit(rs.match)
-  apply = jax.jit(rs.apply)
+                atol: float = 1e-5, capacity: int = CAPACITY,
+                ruleset: RuleSet | None = None) -> RuleReport:
+  """Runs the harness on one rule; the report lists every problem (empty when the rule passes).
+
+  `ruleset`: a RuleSet containing `rule` whose compiled matcher and applier are reused (to
+  verify many rules with one compilation); by default a RuleSet of this rule alone.
+  """
+  rs = ruleset if ruleset is not None else RuleSet([rule], max_locations=16)
+  index = rs.index(rule.name)
+  match, apply = rs.jit_match, rs.jit_apply
   report = RuleReport(rule.name)
   for seed in seeds:
     graph, params = example_graph(rule, seed, capacity)
@@ -91,14 +95,14 @@ def verify_rule(rule: Rule, seeds: Sequence[int] = range(4), *, rtol: float = 1e
     inputs = lowered.random_inputs(seed)
     ref = [np.asarray(y) for y in lowered(*inputs)]
     m = match(graph)
-    locations = np.flatnonzero(np.asarray(m.mask[0]))
+    locations = np.flatnonzero(np.asarray(m.mask[index]))
     report.locations += len(locations)
     if not len(locations):
       report.problems.append(f"seed {seed}: the rule does not fire on its own example")
       continue
     for loc in locations:
-      new, ok = apply(graph, 0, m.nodes[0, loc])
-      where = f"seed {seed}, location {loc} (nodes {np.asarray(m.nodes[0, loc]).tolist()})"
+      new, ok = apply(graph, index, m.nodes[index, loc])
+      where = f"seed {seed}, location {loc} (nodes {np.asarray(m.nodes[index, loc]).tolist()})"
       if not bool(ok):
         report.problems.append(f"{where}: matched but the edit was refused")
         continue
