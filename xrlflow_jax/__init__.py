@@ -5,13 +5,17 @@ Modules:
   graph      the padded jraph.GraphsTuple every part shares, its builder and helpers
   executor   lower a graph + parameters to a jitted JAX function
   models     the benchmark model zoo built in code
+  onnx_io    ONNX import (static shapes, folding) and export
+  rules      the rule language, vectorised matcher/applier, built-in and TASO rules
+  cost       XLA latency measurement, per-op profiler, jittable cost model
+  env        the pure, jittable graph-rewrite environment
   errors     the project's exception types
 """
 
-from xrlflow_jax import errors, executor, graph, ops
+from xrlflow_jax import errors, executor, graph, models, ops
 from xrlflow_jax.executor import lower
 from xrlflow_jax.graph import GraphBuilder, ParamStore
 
 __version__ = "0.1.0"
 
-__all__ = ["GraphBuilder", "ParamStore", "errors", "executor", "graph", "lower", "ops"]
+__all__ = ["GraphBuilder", "ParamStore", "errors", "executor", "graph", "lower", "models", "ops"]

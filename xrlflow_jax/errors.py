@@ -42,3 +42,22 @@ class ParamError(XrlflowError):
 
 class ModelError(XrlflowError):
   """An unknown zoo model or size."""
+
+
+class OnnxImportError(XrlflowError):
+  """An ONNX model that cannot be imported: corrupt file, bad opset, missing data, bad shapes.
+
+  The message names the file and, where one is at fault, the node and its op.
+  """
+
+
+class UnsupportedOnnxOpError(OnnxImportError):
+  """The model uses ops the importer cannot express; `ops` lists every one of them at once."""
+
+  def __init__(self, message: str, ops: tuple[str, ...] = ()):
+    super().__init__(message)
+    self.ops = tuple(ops)
+
+
+class OnnxExportError(XrlflowError):
+  """A graph that cannot be written as ONNX (an op with no ONNX form, a missing weight)."""

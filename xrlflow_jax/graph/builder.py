@@ -141,6 +141,17 @@ class GraphBuilder:
       raise ShapeError(f"{where}inputs have different dtypes ({names})")
     if spec.code == Op.WHERE and inputs[0].dtype != DType.BOOL:
       raise ShapeError(f"{where}the condition must be bool")
+    if spec.code == Op.WHERE and inputs[1].dtype != inputs[2].dtype:
+      raise ShapeError(f"{where}both branches must have one dtype ({DType(inputs[1].dtype).name} "
+                       f"vs {DType(inputs[2].dtype).name})")
+    float_only = {Op.SIGMOID, Op.TANH, Op.GELU, Op.ERF, Op.EXP, Op.LOG, Op.SQRT, Op.SOFTMAX,
+                  Op.LAYER_NORM, Op.BATCH_NORM, Op.HARD_SIGMOID, Op.HARD_SWISH, Op.RECIPROCAL}
+    floats = (DType.FLOAT32, DType.FLOAT16, DType.BFLOAT16, DType.FLOAT64)
+    if spec.code in float_only and any(t.dtype not in floats for t in inputs):
+      raise ShapeError(f"{where}needs floating-point inputs, got "
+                       f"{[DType(t.dtype).name.lower() for t in inputs]}")
+    if spec.code in (Op.BATCH_NORM, Op.LAYER_NORM) and len({t.dtype for t in inputs}) > 1:
+      raise ShapeError(f"{where}input and parameters must share one dtype")
     if spec.code == Op.GATHER and inputs[1].dtype not in (DType.INT32, DType.INT64):
       raise ShapeError(f"{where}indices must be int32 or int64")
 
@@ -226,6 +237,7 @@ class GraphBuilder:
       arrays["param_id"][i] = node.param_id
       arrays["alive"][i] = True
       arrays["inputs"][i, :len(node.inputs)] = node.inputs
+      arrays["level"][i] = 1 + max((arrays["level"][u] for u in node.inputs), default=-1)
     for pos, idx in enumerate(self._outputs):
       arrays["is_output"][idx] = True
       arrays["output_index"][idx] = pos

@@ -144,6 +144,10 @@ def validate(graph: layout.Graph, params: ParamStore | None = None) -> None:
         problems.append(str(e))
       if nd["input_index"][v] >= 0 or nd["param_id"][v] >= 0:
         problems.append(where + "only Input/Constant nodes carry input_index/param_id")
+    late = [u for u in inputs if nd["level"][u] >= nd["level"][v]]
+    if late:
+      problems.append(where + f"level {int(nd['level'][v])} is not above its inputs' levels "
+                      f"{[int(nd['level'][u]) for u in late]}")
     if bool(nd["is_constant"][v]) != expect_const:
       problems.append(where + f"is_constant is {bool(nd['is_constant'][v])}, expected "
                       f"{expect_const}")

@@ -14,6 +14,8 @@ A = ops.ATTR_WIDTH):
   nodes["input_index"]   int32[N]     position among the graph inputs (Input ops), -1 if none
   nodes["param_id"]      int32[N]     key of a Constant's value in the ParamStore, -1 if none
   nodes["alive"]         bool[N]      the slot holds a node; dead slots are free
+  nodes["level"]         int32[N]     a topological potential: level[u] < level[v] on every edge
+                                      u -> v (kept by rewrites; proves "a does not depend on b")
   edges["valid"]         bool[E]      edge slot holds an input
   senders                int32[E]     producer slot; N for an unused edge slot
   receivers              int32[E]     always n for edge n*K + k (fixed)
@@ -40,7 +42,7 @@ DEFAULT_CAPACITY = 1024  # fits BERT-base from ../shared/models with room for re
 DEFAULT_MAX_INPUTS = 5  # BatchNorm reads five tensors
 
 NODE_FIELDS = ("op", "attrs", "shape", "rank", "dtype", "is_constant", "is_output",
-               "output_index", "input_index", "param_id", "alive")
+               "output_index", "input_index", "param_id", "alive", "level")
 
 
 def capacity(graph: Graph) -> int:
@@ -68,6 +70,7 @@ def empty_arrays(num_slots: int, k: int) -> dict[str, np.ndarray]:
       "input_index": np.full([n], -1, np.int32),
       "param_id": np.full([n], -1, np.int32),
       "alive": np.zeros([n], bool),
+      "level": np.zeros([n], np.int32),
       "inputs": np.full([n, k], -1, np.int32),
   }
 

@@ -84,7 +84,7 @@ def time_rule_matches(ruleset: RuleSet, graph: layout.Graph, repeats: int = 5
   out = []
   for c in ruleset.compiled:
     def one(g, c: CompiledRule = c):
-      return c.match(g, Features(g, c.needs_depth)).valid
+      return c.match(g, Features(g, c.needs_depth, ruleset.max_anchors)).valid
     fn = jax.jit(one).lower(graph).compile()
     jax.block_until_ready(fn(graph))
     t0 = time.perf_counter()

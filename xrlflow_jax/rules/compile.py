@@ -9,7 +9,7 @@ Matching, for one rule, with no Python loop over nodes:
   2. Binding. From the roots, every source op and variable is bound by gathers over the input
      table; a variable reached twice must bind one node. Checks: op codes, arity, alive,
      distinct source nodes, constant variables, internal outputs used only inside the pattern
-     and not graph outputs, enough free slots, no cycle after the rewrite (depth test), and the
+     and not graph outputs, enough free slots, no cycle after the rewrite (level test), and the
      rule's own constraint. All per candidate, `vmap`ped.
   3. Compaction of valid candidates into L locations (`jnp.nonzero(size=L)`).
 """
@@ -36,7 +36,7 @@ DEFAULT_JOIN_WINDOW = 4
 class Features:
   """What every rule's matcher needs, computed once per graph per step (inside the trace)."""
 
-  def __init__(self, graph: layout.Graph, need_depth: bool):
+  def __init__(self, graph: layout.Graph, need_depth: bool, max_anchors: int | None = None):
     n = graph.nodes["op"].shape[-1]
     self.graph = graph
     self.n = n
@@ -48,8 +48,30 @@ class Features:
     used = graph.edges["valid"] & self.alive[graph.receivers]
     self.consumers = jax.ops.segment_sum(used.astype(jnp.int32), graph.senders, num_segments=n)
     self.free = (~self.alive).sum().astype(jnp.int32)
-    self.depth = node_depth(self.table, self.alive) if need_depth else None
+    # The graph's maintained topological levels: level[a] < level[b] proves a does not
+    # depend on b (exact longest-path depth would cost a depth-long loop every step).
+    del need_depth
+    self.depth = graph.nodes["level"]
     self._sorted: dict[Any, tuple[jax.Array, jax.Array]] = {}
+    # Slots grouped by op code (dead slots last), so a rule only examines nodes of its root op.
+    self.max_anchors = min(n, max_anchors if max_anchors else max(64, n // 4))
+    num_ops = len(ops.all_specs())
+    op_key = jnp.where(self.alive, self.op, num_ops)
+    self.op_order = jnp.argsort(op_key, stable=True).astype(jnp.int32)
+    self.op_start = jnp.searchsorted(op_key[self.op_order],
+                                     jnp.arange(num_ops + 1, dtype=op_key.dtype)).astype(jnp.int32)
+
+  def anchors(self, op: int) -> tuple[jax.Array, jax.Array]:
+    """Up to `max_anchors` alive slots holding `op`: (ids int32[C], valid bool[C])."""
+    c = self.max_anchors
+    start = self.op_start[op]
+    count = self.op_start[op + 1] - start
+    ids = self.op_order[jnp.minimum(start + jnp.arange(c), self.n - 1)]
+    return ids, jnp.arange(c) < count
+
+  def anchors_dropped(self, op: int) -> jax.Array:
+    """How many slots of `op` exceed `max_anchors` (their matches are not searched)."""
+    return jnp.maximum(self.op_start[op + 1] - self.op_start[op] - self.max_anchors, 0)
 
   def join_keys(self, op: int, path: tuple[int, ...]) -> jax.Array:
     """int32[N]: for slots holding `op`, the node reached along `path`; N elsewhere."""
@@ -115,8 +137,9 @@ class CompiledRule:
   """A rule compiled to `match(graph, features)` and `edit(graph, nodes)`."""
 
   def __init__(self, rule: Rule, max_locations: int = DEFAULT_MAX_LOCATIONS,
-               join_window: int = DEFAULT_JOIN_WINDOW):
+               join_window: int = DEFAULT_JOIN_WINDOW, max_anchors: int | None = None):
     self.rule = rule
+    self.max_anchors = max_anchors
     self.max_locations = max_locations
     self.join_window = join_window
     self.roots = rule.roots()
@@ -148,14 +171,15 @@ class CompiledRule:
 
   # ------------------------------------------------------------------ matching
   def _candidates(self, f: Features) -> tuple[jax.Array, jax.Array]:
-    """Root tuples int32[C, roots] and their validity bool[C]."""
-    n, d = f.n, self.join_window
+    """Root tuples int32[C, roots] and their validity bool[C] (C a multiple of max_anchors)."""
+    n, d, c = f.n, self.join_window, f.max_anchors
     if len(self.roots) == 1:
-      op = int(self.rule.src[self.roots[0]].op)
-      return jnp.arange(n, dtype=jnp.int32)[:, None], f.alive & (f.op == op)
+      ids, valid = f.anchors(int(self.rule.src[self.roots[0]].op))
+      return ids[:, None], valid
     if self.rule.symmetric:
+      # Valid keys sort first, so positions 0..C-1 of the sorted order cover every anchor.
       order, keys = f.sorted_keys(*self.join[0])
-      i = jnp.arange(n)
+      i = jnp.arange(c)
       if len(self.roots) == 2:
         offset_sets = [(a,) for a in range(1, d + 1)]
       else:
@@ -163,20 +187,21 @@ class CompiledRule:
       cands, valid = [], []
       for offsets in offset_sets:
         pos = [i] + [i + o for o in offsets]
-        ok = keys < n
+        ok = keys[i] < n
         for p in pos[1:]:
-          ok = ok & (p < n) & (keys[jnp.minimum(p, n - 1)] == keys)
+          ok = ok & (p < n) & (keys[jnp.minimum(p, n - 1)] == keys[i])
         cands.append(jnp.stack([order[jnp.minimum(p, n - 1)] for p in pos], -1))
         valid.append(ok)
       return jnp.concatenate(cands), jnp.concatenate(valid)
-    key0 = f.join_keys(*self.join[0])
+    anchor, anchor_ok = f.anchors(self.join[0][0])
+    key0 = f.join_keys(*self.join[0])[anchor]
     order1, keys1 = f.sorted_keys(*self.join[1])
     start = jnp.searchsorted(keys1, key0, side="left").astype(jnp.int32)
     cands, valid = [], []
     for a in range(d):
       p = jnp.minimum(start + a, n - 1)
-      ok = (key0 < n) & (start + a < n) & (keys1[p] == key0)
-      cands.append(jnp.stack([jnp.arange(n, dtype=jnp.int32), order1[p]], -1))
+      ok = anchor_ok & (key0 < n) & (start + a < n) & (keys1[p] == key0)
+      cands.append(jnp.stack([anchor, order1[p]], -1))
       valid.append(ok)
     return jnp.concatenate(cands), jnp.concatenate(valid)
 
@@ -231,7 +256,7 @@ class CompiledRule:
 
   def match(self, graph: layout.Graph, f: Features | None = None) -> MatchResult:
     """All locations of this rule in `graph` (jittable; vmap over a batch of graphs)."""
-    f = f or Features(graph, self.needs_depth)
+    f = f or Features(graph, self.needs_depth, self.max_anchors)
     cands, cvalid = self._candidates(f)
     ok, nodes = jax.vmap(lambda c: self._bind(f, c))(cands)
     ok = ok & cvalid

@@ -127,6 +127,18 @@ def complete(graph: layout.Graph, edit: Edit) -> Edit:
   return edit.replace(new_shape=shapes, new_rank=ranks, new_dtype=dtypes, new_const=const, ok=ok)
 
 
+def neutralize(edit: Edit, keep: jax.Array, num_slots: int) -> Edit:
+  """The edit where `keep`, else an empty edit (adds, redirects and frees nothing).
+
+  Refused edits are emptied before the kernel runs, so its loops never see a nonsensical
+  graph (a forced invalid action costs as little as a no-op).
+  """
+  keep = keep & edit.ok
+  return edit.replace(new_valid=edit.new_valid & keep,
+                      red_old=jnp.where(keep, edit.red_old, num_slots),
+                      free=jnp.where(keep, edit.free, num_slots), ok=keep)
+
+
 def _free_unused(nodes: dict, table: jax.Array) -> tuple[dict, jax.Array]:
   """Frees alive nodes nobody reads that are neither outputs nor graph inputs, to a fixed point."""
   n = table.shape[0]
@@ -177,6 +189,29 @@ def _propagate_constness(nodes: dict, table: jax.Array) -> dict:
   return {**nodes, "is_constant": const}
 
 
+def _relax_levels(nodes: dict, table: jax.Array) -> tuple[dict, jax.Array]:
+  """Raises levels until every edge goes upward (new nodes start at 0; usually a few rounds).
+
+  Returns (nodes, converged). A cyclic graph never converges: the loop stops after N rounds and
+  reports it (only a refused edit can produce one; its result is discarded).
+  """
+  n = table.shape[0]
+
+  def compute(level):
+    above = jnp.where(table >= 0, level[jnp.maximum(table, 0)] + 1, 0).max(-1)
+    return jnp.where(nodes["alive"], jnp.maximum(level, above), 0)
+
+  def body(state):
+    level, _, rounds = state
+    new = compute(level)
+    return new, jnp.any(new != level), rounds + 1
+
+  first = compute(nodes["level"])
+  level, changing, _ = jax.lax.while_loop(
+      lambda s: s[1] & (s[2] < n), body, (first, jnp.any(first != nodes["level"]), 0))
+  return {**nodes, "level": level}, ~changing
+
+
 def apply_edit(graph: layout.Graph, edit: Edit) -> tuple[layout.Graph, jax.Array]:
   """Applies `edit`; returns (new graph, applied). When not applicable the graph is unchanged.
 
@@ -193,7 +228,9 @@ def apply_edit(graph: layout.Graph, edit: Edit) -> tuple[layout.Graph, jax.Array
   rank_in_new = jnp.cumsum(edit.new_valid.astype(jnp.int32)) - 1
   slot = jnp.where(edit.new_valid, slots[jnp.clip(rank_in_new, 0, m - 1)], n)  # [M]
   enough = jnp.all(~edit.new_valid | (slot < n))
-  ok = edit.ok & enough
+  edit = neutralize(edit, enough, n)
+  slot = jnp.where(edit.new_valid, slot, n)
+  ok = edit.ok
 
   def put(field, values):
     nodes[field] = nodes[field].at[slot].set(values.astype(nodes[field].dtype), mode="drop")
@@ -209,6 +246,7 @@ def apply_edit(graph: layout.Graph, edit: Edit) -> tuple[layout.Graph, jax.Array
   put("output_index", jnp.full([m], -1))
   put("input_index", jnp.full([m], -1))
   put("param_id", jnp.full([m], -1))
+  put("level", jnp.zeros([m], jnp.int32))
   new_inputs = jnp.where(edit.in_kind == EXISTING, edit.in_ref,
                          jnp.where(edit.in_kind == NEW, slot[jnp.clip(edit.in_ref, 0, m - 1)], -1))
   table = table.at[slot].set(new_inputs, mode="drop")
@@ -232,6 +270,8 @@ def apply_edit(graph: layout.Graph, edit: Edit) -> tuple[layout.Graph, jax.Array
   table = table.at[edit.free].set(-1, mode="drop")
   nodes, table = _free_unused(nodes, table)
   nodes = _propagate_constness(nodes, table)
+  nodes, acyclic = _relax_levels(nodes, table)
+  ok = ok & acyclic
 
   valid = table >= 0
   new_graph = graph._replace(nodes=nodes, edges={**graph.edges, "valid": valid.reshape(-1)},

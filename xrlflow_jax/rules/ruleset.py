@@ -24,10 +24,12 @@ class RuleSetMatch:
     mask: bool[R, L], location l of rule r is valid.
     nodes: int32[R, L, P], the bound node ids (variables then source ops; -1 padding).
     found: int32[R], valid locations before truncation to L (found > L means some were cut).
+    anchors_dropped: int32[R], nodes of the rule's root op beyond `max_anchors` (not searched).
   """
   mask: jax.Array
   nodes: jax.Array
   found: jax.Array
+  anchors_dropped: jax.Array
 
 
 class RuleSet:
@@ -37,10 +39,12 @@ class RuleSet:
     rules: the rules (names must be unique).
     max_locations: L, locations kept per rule.
     join_window: how many equal-key partners a multi-root pattern tries per anchor.
+    max_anchors: how many nodes of one op a rule examines (default max(64, N // 4)); nodes of
+      an op beyond it are not searched (`RuleSetMatch.anchors_dropped` counts them).
   """
 
   def __init__(self, rules: Sequence[Rule], max_locations: int = DEFAULT_MAX_LOCATIONS,
-               join_window: int = DEFAULT_JOIN_WINDOW):
+               join_window: int = DEFAULT_JOIN_WINDOW, max_anchors: int | None = None):
     names = [r.name for r in rules]
     dup = {x for x in names if names.count(x) > 1}
     if dup:
@@ -48,7 +52,8 @@ class RuleSet:
     if not rules:
       raise ValueError("a RuleSet needs at least one rule")
     self.rules = list(rules)
-    self.compiled = [CompiledRule(r, max_locations, join_window) for r in rules]
+    self.compiled = [CompiledRule(r, max_locations, join_window, max_anchors) for r in rules]
+    self.max_anchors = max_anchors
     self.max_locations = max_locations
     self.num_slots = max(r.num_slots for r in rules)  # P
     self.max_new = max(max(len(r.dst) for r in rules), 1)  # M
@@ -76,7 +81,7 @@ class RuleSet:
 
   def match(self, graph: layout.Graph) -> RuleSetMatch:
     """Matches every rule (jittable; `vmap` it over a batch of graphs)."""
-    f = Features(graph, self.need_depth)
+    f = Features(graph, self.need_depth, self.max_anchors)
     masks, nodes, found = [], [], []
     for c in self.compiled:
       res = c.match(graph, f)
@@ -84,7 +89,10 @@ class RuleSet:
       masks.append(res.valid)
       nodes.append(jnp.pad(res.nodes, ((0, 0), (0, pad)), constant_values=-1))
       found.append(res.found)
-    return RuleSetMatch(mask=jnp.stack(masks), nodes=jnp.stack(nodes), found=jnp.stack(found))
+    dropped = jnp.stack([f.anchors_dropped(int(c.rule.src[c.roots[0]].op))
+                         for c in self.compiled])
+    return RuleSetMatch(mask=jnp.stack(masks), nodes=jnp.stack(nodes), found=jnp.stack(found),
+                        anchors_dropped=dropped)
 
   def edit(self, graph: layout.Graph, rule_index: jax.Array, nodes: jax.Array) -> edit_lib.Edit:
     """The padded edit of rule `rule_index` at `nodes` (int32[P]).
@@ -100,12 +108,13 @@ class RuleSet:
     plan = jax.lax.switch(rule_index, [branch(c) for c in self.compiled], graph, nodes)
     return edit_lib.complete(graph, plan)
 
-  def apply(self, graph: layout.Graph, rule_index: jax.Array,
-            nodes: jax.Array) -> tuple[layout.Graph, jax.Array]:
+  def apply(self, graph: layout.Graph, rule_index: jax.Array, nodes: jax.Array,
+            allowed: jax.Array | bool = True) -> tuple[layout.Graph, jax.Array]:
     """Applies one rule at one location; returns (graph, applied). Unapplicable: unchanged."""
-    valid_nodes = jnp.all(nodes[:1] >= 0)
-    graph2, ok = edit_lib.apply_edit(graph, self.edit(graph, rule_index, nodes))
-    ok = ok & valid_nodes
+    n = graph.nodes["op"].shape[-1]
+    edit = self.edit(graph, rule_index, nodes)
+    edit = edit_lib.neutralize(edit, jnp.asarray(allowed) & jnp.all(nodes[:1] >= 0), n)
+    graph2, ok = edit_lib.apply_edit(graph, edit)
     return jax.tree_util.tree_map(lambda a, b: jnp.where(ok, a, b), graph2, graph), ok
 
   def apply_action(self, graph: layout.Graph, match: RuleSetMatch,
@@ -113,10 +122,7 @@ class RuleSet:
     """Applies flat action `action` = rule * L + location; an unmasked action changes nothing."""
     r = action // self.max_locations
     loc = action % self.max_locations
-    allowed = match.mask[r, loc]
-    graph2, ok = self.apply(graph, r, match.nodes[r, loc])
-    ok = ok & allowed
-    return jax.tree_util.tree_map(lambda a, b: jnp.where(ok, a, b), graph2, graph), ok
+    return self.apply(graph, r, match.nodes[r, loc], match.mask[r, loc])
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,0 +1,181 @@
+"""The graph-rewrite environment: purity, no retracing, rewards, termination, wrappers."""
+
+from __future__ import annotations
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from xrlflow_jax import cost, executor, models
+from xrlflow_jax import graph as G
+from xrlflow_jax.env import (AutoResetWrapper, EnvError, GraphRewriteEnv, LoggingWrapper, StepType,
+                             VmapWrapper)
+from xrlflow_jax.rules import RuleSet
+from xrlflow_jax.rules.library import builtin_rules
+
+CAPACITY = 256
+POOL = ("bert", "resnet18", "nasrnn")
+RULE_NAMES = (
+    "merge_matmul_shared_input_2", "merge_matmul_shared_input_3", "split_matmul_shared_input_2",
+    "merge_conv_shared_input_bias", "split_conv_shared_input_bias", "conv_bias_relu_unfuse",
+    "conv_bias_relu_fuse", "enlarge_conv_kernel_bias_sib_bias", "add_commute", "add_assoc_left",
+    "add_assoc_right", "mul_commute", "matmul_tanh_fuse", "matmul_sigmoid_fuse",
+    "transpose_fuse", "transpose_cancel")
+COEFFS = cost.CostCoefficients(weights=jnp.linspace(0.01, 0.2, len(cost.FEATURE_NAMES)),
+                               call_ms=jnp.float32(0.01), device_kind="test")
+
+
+def _cost(graph):
+  return cost.graph_cost(graph, COEFFS)
+
+
+@pytest.fixture(scope="module")
+def pool():
+  return [models.build(name, "tiny", capacity=CAPACITY) for name in POOL]
+
+
+@pytest.fixture(scope="module")
+def env(pool):
+  rules = [r for r in builtin_rules() if r.name in RULE_NAMES]
+  ruleset = RuleSet(rules, max_locations=16)
+  return GraphRewriteEnv([g for g, _ in pool], ruleset, _cost, horizon=100,
+                         node_cost_fn=lambda g: cost.node_costs(g, COEFFS))
+
+
+@pytest.fixture(scope="module")
+def jitted(env):
+  @jax.jit
+  @chex.assert_max_traces(n=1)
+  def step(state, action):
+    return env.step(state, action)
+  return jax.jit(env.reset), step
+
+
+def _valid_action(mask: np.ndarray, rng, stop_prob=0.0) -> int:
+  choices = np.flatnonzero(mask[:-1])
+  if not len(choices) or rng.random() < stop_prob:
+    return len(mask) - 1
+  return int(rng.choice(choices))
+
+
+def test_specs_match_observation(env, jitted):
+  reset, _ = jitted
+  _, ts = reset(jax.random.PRNGKey(0))
+  spec = env.observation_spec()
+  assert ts.observation.action_mask.shape == spec.action_mask.shape
+  assert ts.observation.candidate_nodes.shape == spec.candidate_nodes.shape
+  assert ts.observation.candidate_removed_cost.shape == spec.candidate_removed_cost.shape
+  assert env.action_spec().num_values == env.num_actions == env.ruleset.num_actions + 1
+  assert bool(ts.observation.action_mask[-1])  # stop is always allowed
+  assert int(ts.step_type) == StepType.FIRST
+
+
+def test_no_retrace_across_steps_and_pool_graphs(env, jitted):
+  reset, step = jitted
+  chex.clear_trace_counter()
+  rng = np.random.default_rng(0)
+  seen = set()
+  for episode in range(4):
+    state, ts = reset(jax.random.PRNGKey(episode))
+    seen.add(int(state.graph_index))
+    for _ in range(5):
+      state, ts = step(state, _valid_action(np.asarray(ts.observation.action_mask), rng))
+  assert len(seen) >= 2, "the pool draw should reach several graphs"
+
+
+@pytest.mark.parametrize("batch,steps", [
+    (16, 30), pytest.param(64, 100, marks=pytest.mark.slow)])
+def test_batch_of_random_episodes_preserves_semantics(env, pool, batch, steps):
+  venv = VmapWrapper(env)
+  reset, step = jax.jit(venv.reset), jax.jit(venv.step)
+  state, ts = reset(jax.random.split(jax.random.PRNGKey(1), batch))
+  lowered = [executor.lower(g, p, jit=False) for g, p in pool]
+  inputs = [lw.random_inputs(0) for lw in lowered]
+  refs = [[np.asarray(y) for y in lw(*x)] for lw, x in zip(lowered, inputs)]
+  rng = np.random.default_rng(1)
+  returns = np.zeros(batch)
+  done = np.zeros(batch, bool)
+  c0 = np.asarray(state.initial_cost)
+  final_cost = np.asarray(state.cost).copy()
+
+  def check(states, which):
+    for b in which:
+      g = jax.tree_util.tree_map(lambda a: a[b], states.graph)
+      idx = int(states.graph_index[b])
+      params = pool[idx][1]
+      G.validate(g, params)
+      out = executor.lower(g, params, jit=False)(*inputs[idx])
+      for a, y in zip(refs[idx], out):
+        np.testing.assert_allclose(np.asarray(y), a, rtol=2e-4, atol=2e-4)
+
+  for t in range(steps):
+    masks = np.asarray(ts.observation.action_mask)
+    actions = np.array([_valid_action(masks[b], rng, stop_prob=0.01) if not done[b]
+                        else env.stop_action for b in range(batch)], np.int32)
+    state, ts = step(state, jnp.asarray(actions))
+    assert not np.asarray(ts.extras["invalid_action"]).any(), "a valid action was refused"
+    live = ~done
+    returns[live] += np.asarray(ts.reward)[live]
+    final_cost[live] = np.asarray(state.cost)[live]
+    stopped = actions == env.stop_action
+    last = np.asarray(ts.step_type) == StepType.LAST
+    assert last[live & stopped].all(), "stop must end the episode"
+    assert (np.asarray(ts.discount)[live & stopped] == 0).all()
+    done |= last
+    if t % 10 == 9:
+      check(state, range(0, batch, 4))
+  check(state, range(batch))
+  np.testing.assert_allclose(returns, (c0 - final_cost) / c0, rtol=1e-4, atol=1e-5)
+
+
+def test_truncation_keeps_discount_and_invalid_action_is_flagged(pool):
+  rules = [r for r in builtin_rules() if r.name in ("add_commute", "mul_commute")]
+  env = GraphRewriteEnv([pool[0][0]], RuleSet(rules, max_locations=8), _cost, horizon=2)
+  state, ts = env.reset(jax.random.PRNGKey(0))
+  masked = int(np.flatnonzero(~np.asarray(ts.observation.action_mask))[0])
+  state2, ts2 = env.step(state, masked)
+  assert bool(ts2.extras["invalid_action"]) and float(ts2.reward) == 0.0
+  assert G.structural_hash(state2.graph) == G.structural_hash(state.graph)
+  valid = int(np.flatnonzero(np.asarray(ts2.observation.action_mask)[:-1])[0])
+  state3, ts3 = env.step(state2, valid)
+  assert int(ts3.step_type) == StepType.LAST and float(ts3.discount) == 1.0  # truncated
+
+
+def test_auto_reset_and_logging(pool):
+  rules = [r for r in builtin_rules() if r.name in ("add_commute",)]
+  env = LoggingWrapper(AutoResetWrapper(GraphRewriteEnv(
+      [pool[0][0]], RuleSet(rules, max_locations=8), _cost, horizon=3)))
+  state, ts = env.reset(jax.random.PRNGKey(0))
+  rng = np.random.default_rng(0)
+  lengths = []
+  for _ in range(7):
+    state, ts = env.step(state, _valid_action(np.asarray(ts.observation.action_mask), rng))
+    if bool(ts.extras["episode_done"]):
+      lengths.append(int(ts.extras["episode_length"]))
+      assert int(ts.observation.step_count) == 0  # the next episode's first observation
+      assert int(ts.extras["final_observation"].step_count) == 3
+  assert lengths == [3, 3]
+
+
+def test_pool_of_mismatched_capacity_is_a_clear_error(pool):
+  other, _ = models.build("bert", "tiny", capacity=CAPACITY * 2)
+  with pytest.raises(EnvError, match="capacity"):
+    GraphRewriteEnv([pool[0][0], other], RuleSet(builtin_rules()[:1]), _cost, horizon=5)
+
+
+def test_exact_candidate_delta_matches_applying(pool):
+  rules = [r for r in builtin_rules() if r.name in ("merge_matmul_shared_input_2",
+                                                     "matmul_tanh_fuse")]
+  ruleset = RuleSet(rules, max_locations=8)
+  env = GraphRewriteEnv([pool[0][0]], ruleset, _cost, horizon=5, exact_candidate_delta=True)
+  state, ts = jax.jit(env.reset)(jax.random.PRNGKey(0))
+  delta = np.asarray(ts.observation.candidate_delta)
+  mask = np.asarray(ts.observation.action_mask)[:-1].reshape(delta.shape)
+  assert mask.any()
+  for r, l in zip(*np.nonzero(mask)):
+    new, ok = ruleset.apply_action(state.graph, state.match, r * ruleset.max_locations + l)
+    assert bool(ok)
+    np.testing.assert_allclose(delta[r, l], float(_cost(new) - state.cost), rtol=1e-4,
+                               atol=1e-6)

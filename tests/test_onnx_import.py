@@ -1,0 +1,563 @@
+"""ONNX import: real models against onnxruntime, op decompositions, bad input and a fuzz test."""
+
+from __future__ import annotations
+
+import copy
+import random
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from xrlflow_jax import errors, executor
+from xrlflow_jax import onnx_io
+from xrlflow_jax.graph import host
+from xrlflow_jax.onnx_io import verify
+
+ort = pytest.importorskip("onnxruntime")
+
+SHARED = Path(__file__).resolve().parents[1].parent / "shared"
+MODELS = SHARED / "models"
+LIGHT = Path(onnx.__file__).parent / "backend" / "test" / "data" / "light"
+RTOL = 1e-4  # float32: max |ours - onnxruntime| / max |onnxruntime| per output
+
+
+def _shared_model(name: str) -> Path:
+  path = MODELS / name
+  if not path.is_file():
+    pytest.skip(f"../shared/models/{name} is absent (looked in {MODELS})")
+  return path
+
+
+def _light_model(name: str) -> Path:
+  path = LIGHT / name
+  if not path.is_file():
+    pytest.skip(f"the onnx package ships no {name} (looked in {LIGHT})")
+  return path
+
+
+# ------------------------------------------------------------------------------ real models
+
+_SHARED_FAST = ["squeezenet1_1.onnx", "resnext50_32x4d.onnx"]
+_SHARED_SLOW = ["resnet50_keepbn.onnx", "inception_v3.onnx", "vit_b_16.onnx", "bert_base.onnx"]
+_LIGHT_FAST = ["light_squeezenet.onnx"]
+_LIGHT_SLOW = ["light_bvlc_alexnet.onnx", "light_densenet121.onnx", "light_inception_v1.onnx",
+               "light_inception_v2.onnx", "light_resnet50.onnx", "light_shufflenet.onnx",
+               "light_vgg19.onnx", "light_zfnet512.onnx"]
+
+
+def _check_against_onnxruntime(path: Path, light: bool) -> verify.Comparison:
+  result = verify.compare_with_onnxruntime(path, seed=0, randomize_constant_of_shape=light)
+  print(f"{path.name}: nodes {result.onnx_nodes} -> {result.graph_nodes}, import "
+        f"{result.import_seconds:.2f}s, max abs {result.max_abs:.2e}, max rel "
+        f"{result.max_rel:.2e}")
+  assert result.max_rel < RTOL, result
+  return result
+
+
+@pytest.mark.parametrize("name", _SHARED_FAST + [
+    pytest.param(n, marks=pytest.mark.slow) for n in _SHARED_SLOW])
+def test_shared_model_matches_onnxruntime(name: str):
+  _check_against_onnxruntime(_shared_model(name), light=False)
+
+
+@pytest.mark.parametrize("name", _LIGHT_FAST + [
+    pytest.param(n, marks=pytest.mark.slow) for n in _LIGHT_SLOW])
+def test_light_model_matches_onnxruntime(name: str):
+  _check_against_onnxruntime(_light_model(name), light=True)
+
+
+def test_shape_subgraphs_are_folded_on_import():
+  """resnet50_keepbn has Shape/Expand/CastLike chains: none may survive import."""
+  path = _shared_model("resnet50_keepbn.onnx")
+  graph, params = onnx_io.load(path, random_weights=True)
+  hist = host.op_histogram(graph)
+  assert set(hist) <= {"Input", "Constant", "Conv2D", "BatchNorm", "Relu", "MaxPool", "Add",
+                       "ReduceMean", "Reshape", "MatMul"}, hist
+  assert hist["Conv2D"] == 53 and hist["BatchNorm"] == 53
+  assert params.stats.folded_nodes >= 53 * 4  # Shape, Expand x2, CastLike per conv bias
+  assert params.input_names == ["x"] and params.output_names == ["y"]
+  assert "conv1.weight" in params.names.values()
+  host.validate(graph, params)
+
+
+def test_random_weights_are_seeded_and_named():
+  path = _shared_model("squeezenet1_1.onnx")
+  _, p0 = onnx_io.load(path, random_weights=True, seed=0)
+  _, p0b = onnx_io.load(path, random_weights=True, seed=0)
+  _, p1 = onnx_io.load(path, random_weights=True, seed=1)
+  by_name = lambda p: {p.names[i]: p[i] for i in p}  # noqa: E731
+  a, b, c = by_name(p0), by_name(p0b), by_name(p1)
+  assert a.keys() == b.keys() == c.keys()
+  for k in a:
+    np.testing.assert_array_equal(a[k], b[k])
+  assert any(not np.array_equal(a[k], c[k]) for k in a)
+  # Scaled by fan-in: a 3x3 conv over 64 channels has std about 1 / sqrt(576).
+  w = a["features.3.squeeze.weight"]
+  assert 0.5 / np.sqrt(np.prod(w.shape[1:])) < w.std() < 2.0 / np.sqrt(np.prod(w.shape[1:]))
+  # The same values as the copy handed to onnxruntime.
+  model = onnx.load(path, load_external_data=False)
+  filled = onnx_io.fill_missing_weights(model, seed=0, base_dir=str(MODELS))
+  init = {t.name: numpy_helper.to_array(t) for t in filled.graph.initializer}
+  for k in a:
+    if k in init:
+      np.testing.assert_array_equal(a[k], init[k])
+
+
+def test_missing_external_data_without_flag_names_the_file():
+  path = _shared_model("squeezenet1_1.onnx")
+  with pytest.raises(errors.OnnxImportError, match=r"squeezenet1_1\.onnx\.data.*random_weights"):
+    onnx_io.load(path)
+
+
+def test_index_weights_stay_in_range():
+  """BERT's int64 buffers become valid indices (token types < 2, positions < 512)."""
+  path = _shared_model("bert_base.onnx")
+  model = onnx.load(path, load_external_data=False)
+  values = onnx_io.random_initializers(model, seed=0, base_dir=str(MODELS))
+  assert values["expand"].dtype == np.int64 and values["expand"].max() < 2
+  assert values["slice_1"].max() < 512 and values["slice_1"].min() >= 0
+  assert values["expand_2"].dtype == np.bool_
+
+
+# ------------------------------------------------------------------------------ op cases
+
+def _model(nodes: Sequence[onnx.NodeProto], inputs: Sequence[tuple[str, int, Sequence[Any]]],
+           outputs: Sequence[str], inits: dict[str, np.ndarray] | None = None,
+           opset: int = 18) -> onnx.ModelProto:
+  graph = helper.make_graph(
+      list(nodes), "case",
+      [helper.make_tensor_value_info(n, t, list(s)) for n, t, s in inputs],
+      [helper.make_empty_tensor_value_info(o) for o in outputs],
+      initializer=[numpy_helper.from_array(v, k) for k, v in (inits or {}).items()])
+  return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)],
+                           ir_version=8)
+
+
+def _run_both(model: onnx.ModelProto, seed: int = 0, **load_kw: Any) -> None:
+  graph, params = onnx_io.load(model, **load_kw)
+  lowered = executor.lower(graph, params, input_names=params.input_names)
+  inputs = lowered.random_inputs(seed)
+  ours = [np.asarray(y) for y in lowered(*inputs)]
+  options = ort.SessionOptions()
+  options.log_severity_level = 3
+  session = ort.InferenceSession(model.SerializeToString(), options,
+                                 providers=["CPUExecutionProvider"])
+  theirs = session.run(params.output_names, dict(zip(params.input_names, inputs)))
+  for name, a, b in zip(params.output_names, ours, theirs):
+    assert a.shape == b.shape, (name, a.shape, b.shape)
+    np.testing.assert_allclose(a, b, rtol=2e-5, atol=2e-5 * max(1.0, np.abs(b).max()),
+                               err_msg=name)
+
+
+_F = TensorProto.FLOAT
+_rng = np.random.default_rng(0)
+
+
+def _w(*shape: int) -> np.ndarray:
+  return _rng.standard_normal(shape).astype(np.float32)
+
+
+def _i(*values: int) -> np.ndarray:
+  return np.asarray(values, np.int64)
+
+
+_N = helper.make_node
+_X = [("x", _F, (2, 3, 8, 8))]
+_CASES = {
+    "gemm_trans_alpha_beta": (
+        [_N("Gemm", ["a", "b", "c"], ["y"], transA=1, transB=1, alpha=0.5, beta=2.0)],
+        [("a", _F, (5, 4))], {"b": _w(6, 5), "c": _w(6)}, 18),
+    "gemm_runtime_c": ([_N("Gemm", ["a", "b", "a2"], ["y"], beta=0.25)],
+                       [("a", _F, (3, 4)), ("a2", _F, (3, 5))], {"b": _w(4, 5)}, 13),
+    "conv_bias_same_upper": (
+        [_N("Conv", ["x", "w", "b"], ["y"], auto_pad="SAME_UPPER", strides=[2, 2])],
+        _X, {"w": _w(4, 3, 3, 3), "b": _w(4)}, 18),
+    "conv_grouped_dilated": (
+        [_N("Conv", ["x", "w"], ["y"], group=3, dilations=[2, 2], pads=[1, 2, 2, 1])],
+        _X, {"w": _w(6, 1, 3, 3)}, 18),
+    "conv1d": ([_N("Conv", ["x", "w", "b"], ["y"], pads=[1, 1])],
+               [("x", _F, (2, 3, 10))], {"w": _w(5, 3, 3), "b": _w(5)}, 18),
+    "matmul_1d": ([_N("MatMul", ["v", "m"], ["y"])], [("v", _F, (4,))], {"m": _w(2, 4, 3)}, 18),
+    "matmul_batched": ([_N("MatMul", ["a", "m"], ["y"])], [("a", _F, (2, 3, 4))],
+                       {"m": _w(4, 5)}, 18),
+    "split_attr_opset11": ([_N("Split", ["x"], ["y0", "y1"], axis=1, split=[1, 2])], _X, {}, 11),
+    "split_input": ([_N("Split", ["x", "s"], ["y0", "y1", "y2"], axis=-1)], _X,
+                    {"s": _i(2, 3, 3)}, 13),
+    "split_num_outputs": ([_N("Split", ["x"], ["y0", "y1", "y2"], axis=2, num_outputs=3)], _X,
+                          {}, 18),
+    "slice_steps_negative": ([_N("Slice", ["x", "st", "en", "ax", "sp"], ["y"])], _X,
+                             {"st": _i(-1, 1), "en": _i(-100, 7), "ax": _i(3, 1),
+                              "sp": _i(-2, 1)}, 18),
+    "slice_opset9": ([_N("Slice", ["x"], ["y"], starts=[1], ends=[1000], axes=[2])], _X, {}, 9),
+    "softmax_opset11_axis1": ([_N("Softmax", ["x"], ["y"], axis=1)], _X, {}, 11),
+    "softmax_opset13": ([_N("Softmax", ["x"], ["y"], axis=1)], _X, {}, 13),
+    "layer_norm": ([_N("LayerNormalization", ["x", "s", "b"], ["y"], axis=-2, epsilon=1e-3)],
+                   _X, {"s": _w(8, 8), "b": _w(8)}, 18),
+    "instance_norm": ([_N("InstanceNormalization", ["x", "s", "b"], ["y"])], _X,
+                      {"s": _w(3), "b": _w(3)}, 18),
+    "batch_norm": ([_N("BatchNormalization", ["x", "s", "b", "m", "v"], ["y"], epsilon=1e-3)],
+                   _X, {"s": _w(3), "b": _w(3), "m": _w(3),
+                        "v": np.abs(_w(3)) + 0.5}, 15),
+    "pools_ceil": ([_N("MaxPool", ["x"], ["p"], kernel_shape=[3, 3], strides=[2, 2],
+                       ceil_mode=1),
+                    _N("AveragePool", ["x"], ["q"], kernel_shape=[3, 2], pads=[1, 0, 1, 1],
+                       count_include_pad=1)], _X, {}, 18),
+    "global_pools": ([_N("GlobalAveragePool", ["x"], ["p"]), _N("GlobalMaxPool", ["x"], ["q"])],
+                     _X, {}, 18),
+    "lrn": ([_N("LRN", ["x"], ["y"], size=3, alpha=1e-2, beta=0.6, bias=2.0)], _X, {}, 13),
+    "activations": ([_N("LeakyRelu", ["x"], ["a"], alpha=0.1),
+                     _N("LeakyRelu", ["x"], ["a2"], alpha=-0.5),
+                     _N("Elu", ["x"], ["b"], alpha=0.7), _N("Selu", ["x"], ["c"]),
+                     _N("PRelu", ["x", "s"], ["d"]), _N("Softsign", ["x"], ["e"]),
+                     _N("Abs", ["x"], ["f"]), _N("HardSigmoid", ["x"], ["g"]),
+                     _N("HardSwish", ["x"], ["h"]), _N("Gelu", ["x"], ["i"]),
+                     _N("Gelu", ["x"], ["j"], approximate="tanh")],
+                    _X, {"s": _w(3, 1, 1)}, 20),
+    "clip_inputs_and_attrs": ([_N("Clip", ["x", "lo", "hi"], ["y"]),
+                               _N("Clip", ["x", "", "hi"], ["z"])], _X,
+                              {"lo": np.float32(-0.5), "hi": np.float32(0.7)}, 13),
+    "clip_opset9": ([_N("Clip", ["x"], ["y"], min=-0.2, max=0.3)], _X, {}, 9),
+    "reductions": ([_N("ReduceMean", ["x", "ax"], ["a"], keepdims=0),
+                    _N("ReduceSum", ["x", "ax"], ["b"]),
+                    _N("ReduceSumSquare", ["x", "ax"], ["c"]),
+                    _N("ReduceL2", ["x"], ["d"], keepdims=0)], _X, {"ax": _i(-1, 1)}, 18),
+    "reduce_mean_opset13_attr": ([_N("ReduceMean", ["x"], ["a"], axes=[2, 3])], _X, {}, 13),
+    "reshape_flatten_transpose": ([_N("Reshape", ["x", "s"], ["a"]),
+                                   _N("Flatten", ["a"], ["b"], axis=2),
+                                   _N("Transpose", ["a"], ["c"])], _X,
+                                  {"s": _i(0, -1, 4)}, 18),
+    "squeeze_unsqueeze": ([_N("Unsqueeze", ["x", "u"], ["a"]), _N("Squeeze", ["a", "q"], ["b"]),
+                           _N("Squeeze", ["a"], ["c"])], _X, {"u": _i(0, -1), "q": _i(5)}, 18),
+    "squeeze_unsqueeze_opset11": ([_N("Unsqueeze", ["x"], ["a"], axes=[0, 5]),
+                                   _N("Squeeze", ["a"], ["b"], axes=[0])], _X, {}, 11),
+    "pad_modes": ([_N("Pad", ["x", "p", "v"], ["a"], mode="constant"),
+                   _N("Pad", ["x", "p2"], ["b"], mode="reflect"),
+                   _N("Pad", ["x", "p3", "", "ax"], ["c"], mode="edge")], _X,
+                  {"p": _i(0, 0, 1, -2, 0, 1, 2, 3), "v": np.float32(1.5),
+                   "p2": _i(0, 0, 2, 1, 0, 0, 1, 3), "p3": _i(2, 1, 0, 3), "ax": _i(2, -1)}, 18),
+    "gather_concat_tile_expand": (
+        [_N("Gather", ["x", "gi"], ["a"], axis=1), _N("Concat", ["x", "a", "x", "x", "x"], ["b"],
+                                                      axis=1),
+         _N("Tile", ["x", "reps"], ["c"]), _N("Expand", ["col", "shp"], ["d"])],
+        _X + [("col", _F, (3, 1, 1))], {"gi": _i(2, -3), "reps": _i(1, 2, 1, 3),
+                                         "shp": _i(2, 1, 8, 8)}, 18),
+    "arith_broadcast_pow_int_exponent": (
+        [_N("Add", ["x", "r"], ["a"]), _N("Sub", ["a", "x"], ["b"]), _N("Mul", ["b", "r"], ["c"]),
+         _N("Div", ["c", "r2"], ["d"]), _N("Pow", ["d", "e"], ["f"]),
+         _N("Sum", ["x", "a", "b"], ["g"]), _N("Mean", ["x", "a"], ["h"]),
+         _N("Max", ["x", "a", "r"], ["i"]), _N("Min", ["x", "r"], ["j"])],
+        _X, {"r": _w(8), "r2": np.abs(_w(3, 1, 1)) + 1, "e": np.asarray(2, np.int64)}, 18),
+    "where_cast_identity_dropout": (
+        [_N("Cast", ["x"], ["xi"], to=TensorProto.INT32), _N("Cast", ["xi"], ["xf"], to=_F),
+         _N("Where", ["m", "x", "xf"], ["a"]), _N("Identity", ["a"], ["b"]),
+         _N("Dropout", ["b"], ["c"]), _N("CastLike", ["xi", "x"], ["d"])],
+        _X + [("m", TensorProto.BOOL, (8,))], {}, 18),
+    "unary": ([_N(op, ["p"], [op.lower()]) for op in
+               ("Relu", "Sigmoid", "Tanh", "Erf", "Exp", "Log", "Sqrt", "Neg", "Reciprocal")],
+              [("p", _F, (4, 5))], {}, 18),
+}
+
+
+@pytest.mark.parametrize("case", sorted(_CASES))
+def test_op_matches_onnxruntime(case: str):
+  nodes, inputs, inits, opset = _CASES[case]
+  produced = [o for n in nodes for o in n.output]
+  model = _model(nodes, inputs, produced, {k: np.asarray(v) for k, v in inits.items()}, opset)
+  if case == "unary":  # keep Log/Sqrt/Reciprocal in their domain
+    model.graph.node.insert(0, _N("Abs", ["p0"], ["p1"]))
+    model.graph.node.insert(1, _N("Add", ["p1", "one"], ["p"]))
+    model.graph.input[0].name = "p0"
+    model.graph.initializer.append(numpy_helper.from_array(np.float32(1.0), "one"))
+  _run_both(model)
+
+
+@pytest.mark.parametrize("opset", range(13, 22))
+def test_small_cnn_in_every_opset(opset: int):
+  """The same network written for each opset 13..21 (ReduceMean axes move to an input at 18)."""
+  reduce = (_N("ReduceMean", ["p", "rax"], ["r"], keepdims=0) if opset >= 18 else
+            _N("ReduceMean", ["p"], ["r"], axes=[2, 3], keepdims=0))
+  nodes = [_N("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]), _N("Relu", ["c"], ["a"]),
+           _N("Pad", ["a", "pads"], ["ap"], mode="edge"),
+           _N("MaxPool", ["ap"], ["p"], kernel_shape=[2, 2], strides=[2, 2]), reduce,
+           _N("Unsqueeze", ["r", "uax"], ["ru"]), _N("Flatten", ["ru"], ["f"]),
+           _N("Split", ["f", "sp"], ["f0", "f1"], axis=1),
+           _N("Gemm", ["f0", "g", "gb"], ["h"], transB=1), _N("Softmax", ["h"], ["y"])]
+  inits = {"w": _w(4, 3, 3, 3), "b": _w(4), "pads": _i(0, 0, 1, 1, 0, 0, 1, 1),
+           "rax": _i(2, 3), "uax": _i(1), "sp": _i(3, 1), "g": _w(5, 3), "gb": _w(5)}
+  _run_both(_model(nodes, _X, ["y", "f1"], inits, opset))
+
+
+def test_shape_arithmetic_is_folded():
+  """Shape -> Gather -> Unsqueeze -> Concat -> Reshape, ConstantOfShape, Range, Equal/Where."""
+  nodes = [
+      _N("Shape", ["x"], ["s"]), _N("Gather", ["s", "zero"], ["n"]),
+      _N("Unsqueeze", ["n", "axis0"], ["n1"]), _N("Concat", ["n1", "minus1"], ["shape"], axis=0),
+      _N("Reshape", ["x", "shape"], ["flat"]),
+      _N("Shape", ["flat"], ["fs"], start=1), _N("ConstantOfShape", ["fs"], ["ones"],
+                                                 value=numpy_helper.from_array(
+                                                     np.ones([1], np.float32))),
+      _N("Range", ["r0", "r1", "r2"], ["rng"]), _N("Cast", ["rng"], ["rngf"], to=_F),
+      _N("Equal", ["rng", "r0"], ["eq"]), _N("Where", ["eq", "rngf", "ones"], ["mask"]),
+      _N("Mul", ["flat", "mask"], ["y"]),
+  ]
+  inits = {"zero": np.asarray(0, np.int64), "axis0": _i(0), "minus1": _i(-1),
+           "r0": np.asarray(0, np.int64), "r1": np.asarray(192, np.int64),
+           "r2": np.asarray(1, np.int64)}
+  model = _model(nodes, _X, ["y"], inits)
+  graph, params = onnx_io.load(model)
+  assert host.op_histogram(graph) == {"Constant": 1, "Input": 1, "Mul": 1, "Reshape": 1}
+  assert params.stats.folded_nodes == 10
+  _run_both(model)
+
+
+def test_nodes_in_any_order_give_the_same_graph():
+  path = _shared_model("squeezenet1_1.onnx")
+  model = onnx.load(path, load_external_data=False)
+  g0, _ = onnx_io.load(model, random_weights=True)
+  shuffled = copy.deepcopy(model)
+  nodes = list(shuffled.graph.node)
+  random.Random(3).shuffle(nodes)
+  del shuffled.graph.node[:]
+  shuffled.graph.node.extend(nodes)
+  g1, _ = onnx_io.load(shuffled, random_weights=True)
+  assert host.structural_hash(g0) == host.structural_hash(g1)
+
+
+def test_dynamic_dims_need_input_shapes():
+  model = _model([_N("Relu", ["x"], ["y"])], [("x", _F, ("batch", 3, 8))], ["y"])
+  with pytest.raises(errors.OnnxImportError, match=r"input 'x'.*dim 0 is dynamic.*'batch'"):
+    onnx_io.load(model)
+  graph, _ = onnx_io.load(model, input_shapes={"x": (5, 3, 8)})
+  assert executor.lower(graph, onnx_io.load(model, input_shapes={"x": (5, 3, 8)})[1]
+                        ).input_specs[0].shape == (5, 3, 8)
+  with pytest.raises(errors.OnnxImportError, match=r"dim 1 is fixed to 3.*gives 4"):
+    onnx_io.load(model, input_shapes={"x": (5, 4, 8)})
+  with pytest.raises(errors.OnnxImportError, match=r"rank 2"):
+    onnx_io.load(model, input_shapes={"x": (5, 3)})
+  with pytest.raises(errors.OnnxImportError, match=r"not graph inputs"):
+    onnx_io.load(model, input_shapes={"y": (1,)})
+
+
+# ------------------------------------------------------------------------------ bad input
+
+def test_truncated_corrupt_empty_and_missing_files(tmp_path: Path):
+  data = _model([_N("Relu", ["x"], ["y"])], _X, ["y"], {}).SerializeToString()
+  cases = {"truncated.onnx": data[: len(data) // 2], "garbage.onnx": b"\x8f\xff\x00garbage" * 9,
+           "empty.onnx": b""}
+  for name, payload in cases.items():
+    path = tmp_path / name
+    path.write_bytes(payload)
+    with pytest.raises(errors.OnnxImportError, match=name):
+      onnx_io.load(path)
+  with pytest.raises(errors.OnnxImportError, match="no such file"):
+    onnx_io.load(tmp_path / "absent.onnx")
+  with pytest.raises(errors.OnnxImportError):
+    onnx_io.load(12345)
+
+
+@pytest.mark.parametrize("opset", [None, 8, 10_000])
+def test_wrong_or_missing_opset(opset: int | None):
+  model = _model([_N("Relu", ["x"], ["y"])], _X, ["y"])
+  del model.opset_import[:]
+  if opset is not None:
+    model.opset_import.append(helper.make_opsetid("", opset))
+  with pytest.raises(errors.OnnxImportError, match="opset"):
+    onnx_io.load(model)
+
+
+def test_unsupported_ops_are_listed_together():
+  nodes = [_N("Relu", ["x"], ["a"]), _N("TopK", ["a", "k"], ["v", "i"]),
+           _N("Sin", ["v"], ["b"]), _N("Cos", ["x"], ["c"]),
+           _N("MyOp", ["c"], ["d"], domain="com.example"), _N("Add", ["b", "d"], ["y"])]
+  model = _model(nodes, _X, ["y"], {"k": _i(2)})
+  model.opset_import.append(helper.make_opsetid("com.example", 1))
+  with pytest.raises(errors.UnsupportedOnnxOpError) as info:
+    onnx_io.load(model)
+  assert set(info.value.ops) == {"TopK", "Sin", "Cos", "com.example::MyOp"}
+  assert "4 node(s)" in str(info.value) and "node 1" in str(info.value)
+
+
+def test_cycle_is_reported_with_its_nodes():
+  nodes = [_N("Add", ["x", "c"], ["a"], name="first"), _N("Relu", ["a"], ["c"], name="second"),
+           _N("Relu", ["a"], ["y"])]
+  with pytest.raises(errors.OnnxImportError, match=r"cycle.*'first' \(Add\).*'second'"):
+    onnx_io.load(_model(nodes, _X, ["y"]))
+
+
+def test_undefined_tensor_and_undefined_output():
+  with pytest.raises(errors.OnnxImportError, match=r"node 0 'n' \(Relu\) reads 'nowhere'"):
+    onnx_io.load(_model([_N("Relu", ["nowhere"], ["y"], name="n")], _X, ["y"]))
+  with pytest.raises(errors.OnnxImportError, match=r"graph output 'z'"):
+    onnx_io.load(_model([_N("Relu", ["x"], ["y"])], _X, ["z"]))
+
+
+def test_over_capacity_names_the_size_needed():
+  path = _shared_model("squeezenet1_1.onnx")
+  with pytest.raises(errors.CapacityError, match=r"squeezenet1_1\.onnx.*needs 92 node slots"):
+    onnx_io.load(path, random_weights=True, capacity=64)
+  graph, _ = onnx_io.load(path, random_weights=True, capacity=92)
+  assert host.num_nodes(graph) == 92
+
+
+def test_initializer_dims_that_disagree_with_use():
+  bad_conv = _model([_N("Conv", ["x", "w"], ["y"], kernel_shape=[3, 3], name="conv")], _X, ["y"],
+                    {"w": _w(4, 3, 3, 2)})
+  with pytest.raises(errors.OnnxImportError, match=r"'conv' \(Conv\).*'w' has dims \[4, 3, 3, 2\]"):
+    onnx_io.load(bad_conv)
+  bad_matmul = _model([_N("MatMul", ["x", "w"], ["y"], name="mm")], _X, ["y"], {"w": _w(7, 2)})
+  with pytest.raises(errors.OnnxImportError, match=r"'mm' \(MatMul\).*'w' float32\[7, 2\]"):
+    onnx_io.load(bad_matmul)
+  bad_channels = _model([_N("Conv", ["x", "w"], ["y"], name="c2")], _X, ["y"],
+                        {"w": _w(4, 5, 1, 1)})
+  with pytest.raises(errors.OnnxImportError, match=r"'c2' \(Conv\).*input channels"):
+    onnx_io.load(bad_channels)
+
+
+def test_declared_output_shape_must_match():
+  model = _model([_N("Relu", ["x"], ["y"])], _X, ["y"])
+  model.graph.output[0].CopyFrom(helper.make_tensor_value_info("y", _F, [2, 3, 8, 9]))
+  with pytest.raises(errors.OnnxImportError, match=r"'y' is declared with dims \[2, 3, 8, 9\]"):
+    onnx_io.load(model)
+
+
+def test_external_data_is_loaded_when_present(tmp_path: Path):
+  w = _w(4, 3, 3, 3)
+  model = _model([_N("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1])], _X, ["y"], {"w": w})
+  path = tmp_path / "ext.onnx"
+  onnx.save_model(model, str(path), save_as_external_data=True, location="ext.onnx.data",
+                  size_threshold=0)
+  assert (tmp_path / "ext.onnx.data").is_file()
+  graph, params = onnx_io.load(path)
+  stored = {params.names[i]: params[i] for i in params}
+  np.testing.assert_array_equal(stored["w"], w)
+  assert params.stats.random_weights == 0
+  # A data file that is too short is an error, not random weights.
+  (tmp_path / "ext.onnx.data").write_bytes(b"\0" * 10)
+  with pytest.raises(errors.OnnxImportError, match=r"too short|length"):
+    onnx_io.load(path, random_weights=True)
+  del graph
+
+
+# ------------------------------------------------------------------------------ fuzz
+
+_OPS = ["Relu", "Conv", "Add", "Concat", "MaxPool", "Reshape", "Gemm", "TopK", "Softmax", "Expand",
+        "Shape", "Squeeze", "Identity", "Transpose"]
+
+
+def _mutate(model: onnx.ModelProto, rng: random.Random) -> tuple[str, bytes | onnx.ModelProto]:
+  """One random mutation: (description, mutated model or raw bytes)."""
+  m = copy.deepcopy(model)
+  g = m.graph
+  kind = rng.choice(["drop_node", "init_dim", "input_dim", "bytes", "truncate", "rename_input",
+                     "rename_graph_input", "attr", "op_type", "swap_inputs", "opset", "dtype",
+                     "reorder"])
+  if kind == "drop_node":
+    i = rng.randrange(len(g.node))
+    del g.node[i]
+    return f"{kind} {i}", m
+  if kind == "init_dim":
+    t = rng.choice(list(g.initializer))
+    if not t.dims:
+      return kind + " (scalar, skipped)", m
+    j = rng.randrange(len(t.dims))
+    t.dims[j] = max(0, t.dims[j] + rng.choice([-2, -1, 1, 3, 1000]))
+    return f"{kind} {t.name}[{j}]={t.dims[j]}", m
+  if kind == "input_dim":
+    d = g.input[0].type.tensor_type.shape.dim[rng.randrange(4)]
+    choice = rng.choice([0, 1, 7, -3, None])
+    if choice is None:
+      d.dim_param = "dyn"
+    else:
+      d.dim_value = choice
+    return f"{kind} {choice}", m
+  if kind in ("bytes", "truncate"):
+    data = bytearray(m.SerializeToString())
+    if kind == "truncate":
+      return kind, bytes(data[: rng.randrange(len(data))])
+    for _ in range(rng.randint(1, 8)):
+      data[rng.randrange(len(data))] = rng.randrange(256)
+    return kind, bytes(data)
+  if kind == "rename_input":
+    node = rng.choice(list(g.node))
+    if node.input:
+      node.input[rng.randrange(len(node.input))] = rng.choice(["ghost", "x", ""])
+    return f"{kind} {node.name}", m
+  if kind == "rename_graph_input":
+    g.input[0].name = "renamed"
+    return kind, m
+  if kind == "attr":
+    node = rng.choice([n for n in g.node if n.attribute] or list(g.node))
+    for a in node.attribute:
+      if a.ints:
+        a.ints[rng.randrange(len(a.ints))] = rng.choice([-1, 0, 2, 50, 1 << 20])
+      elif a.type == onnx.AttributeProto.INT:
+        a.i = rng.choice([-5, 0, 3, 99])
+    return f"{kind} {node.name}", m
+  if kind == "op_type":
+    node = rng.choice(list(g.node))
+    node.op_type = rng.choice(_OPS)
+    return f"{kind} {node.name} -> {node.op_type}", m
+  if kind == "swap_inputs":
+    node = rng.choice([n for n in g.node if len(n.input) > 1] or list(g.node))
+    ins = list(node.input)[::-1]
+    del node.input[:]
+    node.input.extend(ins)
+    return f"{kind} {node.name}", m
+  if kind == "opset":
+    m.opset_import[0].version = rng.choice([1, 7, 12, 13, 21, 40])
+    return f"{kind} {m.opset_import[0].version}", m
+  if kind == "dtype":
+    t = rng.choice(list(g.initializer))
+    t.data_type = rng.choice([TensorProto.DOUBLE, TensorProto.INT64, TensorProto.STRING, 99,
+                              TensorProto.FLOAT16])
+    return f"{kind} {t.name}", m
+  nodes = list(g.node)
+  rng.shuffle(nodes)
+  del g.node[:]
+  g.node.extend(nodes)
+  return kind, m
+
+
+def _fuzz(path: Path, count: int, seed: int) -> dict[str, int]:
+  model = onnx.load(path, load_external_data=False)
+  reference = host.structural_hash(onnx_io.load(model, random_weights=True)[0])
+  rng = random.Random(seed)
+  outcomes: dict[str, int] = {"ok": 0, "error": 0}
+  for i in range(count):
+    what, mutated = _mutate(model, rng)
+    try:
+      graph, params = onnx_io.load(mutated, random_weights=True)
+    except errors.XrlflowError as e:
+      assert str(e), what
+      outcomes["error"] += 1
+      continue
+    except Exception as e:  # pragma: no cover - the assertion is the point
+      raise AssertionError(f"mutation {i} ({what}) raised {type(e).__name__}: {e}") from e
+    host.validate(graph, params)
+    if what == "reorder":
+      assert host.structural_hash(graph) == reference, what
+    outcomes["ok"] += 1
+  return outcomes
+
+
+def test_fuzz_mutated_models_import_or_fail_cleanly():
+  outcomes = _fuzz(_shared_model("squeezenet1_1.onnx"), count=150, seed=0)
+  assert outcomes["ok"] > 0 and outcomes["error"] > 0, outcomes
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name,count", [("squeezenet1_1.onnx", 1000),
+                                        ("resnet50_keepbn.onnx", 300)])
+def test_fuzz_many_mutations(name: str, count: int):
+  outcomes = _fuzz(_shared_model(name), count=count, seed=1)
+  assert outcomes["ok"] > 0 and outcomes["error"] > 0, outcomes
+
+
+def test_error_types_are_the_projects():
+  assert issubclass(errors.OnnxImportError, errors.XrlflowError)
+  assert issubclass(errors.UnsupportedOnnxOpError, errors.OnnxImportError)
+  assert issubclass(errors.OnnxExportError, errors.XrlflowError)

@@ -1,0 +1,184 @@
+"""The graph-rewrite MDP as pure functions, in Jumanji's shape: `reset(key)`, `step(state, action)`.
+
+An action is a flat index `rule * L + location` into the RuleSet's locations, or the stop action
+`R * L`. The reward is `scale * (C_{t-1} - C_t) / C_0` under the in-graph cost model. Episodes end
+on the stop action or when no rule matches (termination, discount 0), or at the horizon
+(truncation, discount 1 so learners bootstrap). A masked action, if forced, changes nothing and
+is flagged in `extras["invalid_action"]`.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from xrlflow_jax.errors import XrlflowError
+from xrlflow_jax.graph import layout
+from xrlflow_jax.rules import edit as edit_lib
+from xrlflow_jax.rules.ruleset import RuleSet
+from xrlflow_jax.env.types import (ArraySpec, DiscreteSpec, Observation, ObservationSpec, State,
+                                   StepType, TimeStep)
+
+CostFn = Callable[[layout.Graph], jax.Array]  # graph -> float32[] (jittable)
+NodeCostFn = Callable[[layout.Graph], jax.Array]  # graph -> float32[N] (jittable)
+
+
+class EnvError(XrlflowError):
+  """An environment built from graphs that cannot share a batch, or a bad configuration."""
+
+
+def stack_graphs(graphs: Sequence[layout.Graph]) -> layout.Graph:
+  """A pool: graphs of one capacity stacked on a leading axis (EnvError names a mismatch)."""
+  if not graphs:
+    raise EnvError("the graph pool is empty")
+  caps = [(layout.capacity(g), layout.max_inputs(g)) for g in graphs]
+  if len(set(caps)) > 1:
+    raise EnvError(f"pool graphs must share capacity and input slots; got (N, K) = {caps}; "
+                   "build them with one capacity")
+  return jax.tree_util.tree_map(lambda *xs: jnp.stack([jnp.asarray(x) for x in xs]), *graphs)
+
+
+class GraphRewriteEnv:
+  """A pure, jittable graph-rewrite environment over a pool of graphs of one capacity.
+
+  Args:
+    graphs: the pool (a list of graphs, or an already stacked pool); `reset` draws one.
+    ruleset: the rewrite rules; the action space is `ruleset.num_actions + 1`.
+    cost_fn: graph -> modelled cost (float32[], jittable), e.g. `cost.graph_cost` with
+      coefficients bound.
+    horizon: steps before truncation.
+    reward_scale: multiplies the reward (X-RLflow used 100).
+    node_cost_fn: graph -> float32[N] per-node costs; enables `candidate_removed_cost`.
+    exact_candidate_delta: also build every candidate graph and report its exact cost change
+      (costly: R * L rewrites per step; for small graphs and the `candidates` policy head).
+  """
+
+  def __init__(self, graphs: Sequence[layout.Graph] | layout.Graph, ruleset: RuleSet,
+               cost_fn: CostFn, horizon: int, *, reward_scale: float = 1.0,
+               node_cost_fn: NodeCostFn | None = None, exact_candidate_delta: bool = False):
+    if isinstance(graphs, layout.Graph):
+      pool = graphs if np.ndim(graphs.nodes["op"]) == 2 else stack_graphs([graphs])
+    else:
+      pool = stack_graphs(list(graphs))
+    if horizon < 1:
+      raise EnvError(f"horizon must be >= 1, got {horizon}")
+    self.pool = pool
+    self.pool_size = int(pool.nodes["op"].shape[0])
+    self.ruleset = ruleset
+    self.cost_fn = cost_fn
+    self.node_cost_fn = node_cost_fn
+    self.horizon = int(horizon)
+    self.reward_scale = float(reward_scale)
+    self.exact_candidate_delta = exact_candidate_delta
+    self.num_slots = int(pool.nodes["op"].shape[1])
+    self.max_inputs = int(pool.senders.shape[1]) // self.num_slots
+
+  # ------------------------------------------------------------------ specs
+  @property
+  def num_actions(self) -> int:
+    return self.ruleset.num_actions + 1
+
+  @property
+  def stop_action(self) -> int:
+    return self.ruleset.num_actions
+
+  def action_spec(self) -> DiscreteSpec:
+    return DiscreteSpec((), jnp.int32, "action", self.num_actions)
+
+  def observation_spec(self) -> ObservationSpec:
+    r, l, p = len(self.ruleset), self.ruleset.max_locations, self.ruleset.num_slots
+    return ObservationSpec(
+        self.num_slots, self.max_inputs,
+        ArraySpec((self.num_actions,), jnp.bool_, "action_mask"),
+        ArraySpec((r, l, p), jnp.int32, "candidate_nodes"),
+        ArraySpec((r, l), jnp.float32, "candidate_removed_cost"),
+        ArraySpec((r, l), jnp.float32, "candidate_delta"))
+
+  # ------------------------------------------------------------------ dynamics
+  def _observe(self, graph, match, cost, step_count) -> Observation:
+    mask = jnp.concatenate([match.mask.reshape(-1), jnp.ones([1], bool)])
+    r, l = match.mask.shape
+    if self.node_cost_fn is not None:
+      costs = self.node_cost_fn(graph)
+      removed = self._removed_cost(costs, match)
+    else:
+      removed = jnp.zeros([r, l], jnp.float32)
+    delta = self._candidate_delta(graph, match, cost) if self.exact_candidate_delta else \
+        jnp.zeros([r, l], jnp.float32)
+    return Observation(graph=graph, action_mask=mask, candidate_nodes=match.nodes,
+                       candidate_removed_cost=removed, candidate_delta=delta,
+                       step_count=step_count)
+
+  def _removed_cost(self, costs: jax.Array, match) -> jax.Array:
+    """Sum of current node costs of the source ops each candidate removes: float32[R, L]."""
+    out = []
+    for c in self.ruleset.compiled:
+      v = c.num_vars
+      cols = [v + j for j, s in enumerate(c.rule.src) if not s.keep]
+      ids = match.nodes[len(out)][:, cols]  # [L, removed]
+      out.append(jnp.where(ids >= 0, costs[jnp.maximum(ids, 0)], 0.0).sum(-1))
+    return jnp.stack(out)
+
+  def _candidate_delta(self, graph, match, cost) -> jax.Array:
+    """Exact modelled cost change of every candidate: float32[R, L] (0 where invalid)."""
+    rs = self.ruleset
+    out = []
+    for r, c in enumerate(rs.compiled):
+      def one(nodes, c=c):
+        plan = c.plan(graph, nodes[:c.rule.num_slots], rs.max_new, rs.max_redirects,
+                      rs.max_freed)
+        new, ok = edit_lib.apply_edit(graph, edit_lib.complete(graph, plan))
+        return jnp.where(ok, self.cost_fn(new) - cost, 0.0)
+      out.append(jnp.where(match.mask[r], jax.vmap(one)(match.nodes[r]), 0.0))
+    return jnp.stack(out)
+
+  def reset(self, key: jax.Array) -> tuple[State, TimeStep]:
+    """Starts an episode on a pool graph drawn uniformly with `key`."""
+    key, draw = jax.random.split(key)
+    index = jax.random.randint(draw, (), 0, self.pool_size)
+    graph = jax.tree_util.tree_map(lambda a: a[index], self.pool)
+    match = self.ruleset.match(graph)
+    cost = jnp.asarray(self.cost_fn(graph), jnp.float32)
+    zero = jnp.int32(0)
+    state = State(graph=graph, match=match, cost=cost, initial_cost=cost, best_cost=cost,
+                  best_graph=graph, step_count=zero, graph_index=index, key=key)
+    timestep = TimeStep(step_type=jnp.int32(StepType.FIRST), reward=jnp.float32(0.0),
+                        discount=jnp.float32(1.0),
+                        observation=self._observe(graph, match, cost, zero),
+                        extras=self._extras(state, jnp.asarray(False)))
+    return state, timestep
+
+  def _extras(self, state: State, invalid: jax.Array) -> dict:
+    return {"invalid_action": invalid, "cost": state.cost, "best_cost": state.best_cost,
+            "initial_cost": state.initial_cost, "graph_index": state.graph_index}
+
+  def step(self, state: State, action: jax.Array) -> tuple[State, TimeStep]:
+    """Applies `action` (int32[]): a rewrite index or the stop action."""
+    action = jnp.asarray(action, jnp.int32)
+    is_stop = action == self.stop_action
+    rewrite = jnp.clip(action, 0, self.ruleset.num_actions - 1)
+    new_graph, applied = self.ruleset.apply_action(state.graph, state.match, rewrite)
+    applied = applied & ~is_stop
+    invalid = ~is_stop & ~applied
+    graph = jax.tree_util.tree_map(lambda a, b: jnp.where(applied, a, b), new_graph, state.graph)
+    cost = jnp.where(applied, jnp.asarray(self.cost_fn(graph), jnp.float32), state.cost)
+    match = self.ruleset.match(graph)
+    reward = self.reward_scale * (state.cost - cost) / state.initial_cost
+    step_count = state.step_count + 1
+    terminated = is_stop | ~jnp.any(match.mask)
+    truncated = (step_count >= self.horizon) & ~terminated
+    better = cost < state.best_cost
+    best_graph = jax.tree_util.tree_map(lambda a, b: jnp.where(better, a, b), graph,
+                                        state.best_graph)
+    new_state = State(graph=graph, match=match, cost=cost, initial_cost=state.initial_cost,
+                      best_cost=jnp.minimum(cost, state.best_cost), best_graph=best_graph,
+                      step_count=step_count, graph_index=state.graph_index, key=state.key)
+    step_type = jnp.where(terminated | truncated, StepType.LAST, StepType.MID).astype(jnp.int32)
+    timestep = TimeStep(step_type=step_type, reward=reward.astype(jnp.float32),
+                        discount=jnp.where(terminated, 0.0, 1.0).astype(jnp.float32),
+                        observation=self._observe(graph, match, cost, step_count),
+                        extras=self._extras(new_state, invalid))
+    return new_state, timestep

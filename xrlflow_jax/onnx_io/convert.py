@@ -1,0 +1,1099 @@
+"""ONNX op converters: each turns one ONNX node into the project's ops through `GraphBuilder`.
+
+A converter receives a `Ctx` (the node, its decoded attributes, its inputs as `Const` values or
+builder `Tensor`s) and returns one operand per node output (None for outputs nobody reads).
+Decompositions are chosen to compute the same numbers as the ONNX definition (up to float
+rounding), e.g. LeakyRelu as max(x, alpha * x), Expand of a tensor as a product with ones, LRN as
+an average pool over channels. Ops the project cannot express raise `UnsupportedOnnxOpError`,
+which the importer collects so every unsupported op is reported at once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Callable, Sequence, Union
+
+import jax.numpy as jnp
+import numpy as np
+import onnx
+
+from xrlflow_jax import ops
+from xrlflow_jax.errors import (CapacityError, OnnxImportError, ParamError, ShapeError,
+                                UnknownOpError, UnsupportedOnnxOpError)
+from xrlflow_jax.graph.builder import GraphBuilder, Tensor
+from xrlflow_jax.onnx_io import fold
+from xrlflow_jax.onnx_io.common import onnx_to_numpy_dtype, project_dtype
+from xrlflow_jax.ops import MAX_RANK, Op
+
+
+@dataclasses.dataclass(eq=False)
+class Const:
+  """A value known on import (initializer, Constant node, or folded); materialised on first use
+  as a Constant node of the graph, once."""
+  value: np.ndarray
+  name: str
+  tensor: Tensor | None = None
+
+  @property
+  def shape(self) -> tuple[int, ...]:
+    return tuple(self.value.shape)
+
+  @property
+  def dtype(self) -> np.dtype:
+    return self.value.dtype
+
+
+Operand = Union[Const, Tensor]
+
+
+def _bits(axes: Sequence[int]) -> int:
+  out = 0
+  for a in axes:
+    out |= 1 << int(a)
+  return out
+
+
+class Ctx:
+  """Everything a converter needs about the node it converts.
+
+  Attributes:
+    node: the ONNX node.
+    attrs: its decoded attributes.
+    inputs: one operand per input slot (None for an absent optional input).
+    needed: per output, whether anything reads it.
+    opset: the model's default-domain opset.
+    where: error-message prefix naming file, node and op.
+  """
+
+  def __init__(self, builder: GraphBuilder, node: onnx.NodeProto, attrs: dict[str, Any],
+               inputs: list[Operand | None], needed: list[bool], opset: int, where: str,
+               materialize: Callable[[Const], Tensor]):
+    self.b = builder
+    self.node = node
+    self.attrs = attrs
+    self.inputs = inputs
+    self.needed = needed
+    self.opset = opset
+    self.where = where
+    self._materialize = materialize
+    self._count = 0
+    # Names of constants and nodes made here start with the node's first output (unique in a
+    # valid model, unlike node names), so they do not depend on the order nodes are visited in.
+    self.base = next((o for o in node.output if o), node.name or node.op_type)
+
+  # ---------------------------------------------------------------- errors
+  def unsupported(self, message: str) -> UnsupportedOnnxOpError:
+    return UnsupportedOnnxOpError(self.where + message, (self.node.op_type,))
+
+  def error(self, message: str) -> OnnxImportError:
+    return OnnxImportError(self.where + message)
+
+  def check_attrs(self, known: Sequence[str]) -> None:
+    unknown = sorted(set(self.attrs) - set(known))
+    if unknown:
+      raise self.unsupported(f"attribute(s) {unknown} are not supported (known: {sorted(known)})")
+
+  def attr(self, name: str, default: Any = None) -> Any:
+    return self.attrs.get(name, default)
+
+  def int_attr(self, name: str, default: int) -> int:
+    value = self.attrs.get(name, default)
+    if not isinstance(value, (int, np.integer)):
+      raise self.error(f"attribute {name} must be an int, got {value!r}")
+    return int(value)
+
+  def ints_attr(self, name: str, default: Sequence[int] | None = None) -> list[int] | None:
+    value = self.attrs.get(name, default)
+    if value is None:
+      return None
+    if not isinstance(value, (list, tuple)) or not all(
+        isinstance(v, (int, np.integer)) for v in value):
+      raise self.error(f"attribute {name} must be a list of ints, got {value!r}")
+    return [int(v) for v in value]
+
+  def float_attr(self, name: str, default: float) -> float:
+    value = self.attrs.get(name, default)
+    if not isinstance(value, (int, float, np.number)):
+      raise self.error(f"attribute {name} must be a float, got {value!r}")
+    return float(value)
+
+  # ---------------------------------------------------------------- inputs
+  def has(self, i: int) -> bool:
+    return i < len(self.inputs) and self.inputs[i] is not None
+
+  def inp(self, i: int, what: str = "input") -> Operand:
+    if not self.has(i):
+      raise self.error(f"{what} (input {i}) is missing")
+    return self.inputs[i]
+
+  def const(self, i: int, what: str) -> np.ndarray:
+    """The value of input i, which must be known on import."""
+    x = self.inp(i, what)
+    if not isinstance(x, Const):
+      raise self.unsupported(f"{what} (input {i}, '{self.node.input[i]}') must be a constant "
+                             "known on import")
+    return x.value
+
+  def ints(self, i: int, what: str) -> list[int]:
+    value = self.const(i, what)
+    if not np.issubdtype(value.dtype, np.integer):
+      raise self.error(f"{what} must be integers, got {value.dtype}")
+    return [int(v) for v in value.reshape(-1)]
+
+  @staticmethod
+  def shape(x: Operand) -> tuple[int, ...]:
+    return tuple(x.shape)
+
+  @staticmethod
+  def dtype(x: Operand) -> np.dtype:
+    if isinstance(x, Const):
+      return x.value.dtype
+    return np.dtype(ops.numpy_dtype(int(x.dtype)))
+
+  def axis(self, a: int, rank: int, what: str = "axis") -> int:
+    if not -rank <= int(a) < max(rank, 1):
+      raise self.error(f"{what} {a} is out of range for rank {rank}")
+    return int(a) % max(rank, 1)
+
+  # ---------------------------------------------------------------- building
+  def tensor(self, x: Operand) -> Tensor:
+    return self._materialize(x) if isinstance(x, Const) else x
+
+  def const_value(self, value: Any, suffix: str, dtype: Any = None) -> Const:
+    value = np.asarray(value) if dtype is None else np.asarray(value, dtype=dtype)
+    self._count += 1
+    return Const(value, f"{self.base}/{suffix}_{self._count}")
+
+  def op(self, op: Op, inputs: Sequence[Operand], **attrs: Any) -> Operand:
+    """Adds a project op; folds it on the host when every input is a constant."""
+    if all(isinstance(x, Const) for x in inputs):
+      return self._fold(op, list(inputs), attrs)
+    self._count += 1
+    return self.b.node(op, [self.tensor(x) for x in inputs],
+                       name=f"{self.base}/{ops.get(op).name.lower()}_{self._count}", **attrs)
+
+  def _fold(self, op: Op, inputs: list[Const], attrs: dict[str, Any]) -> Const:
+    spec = ops.get(op)
+    vec = spec.encode_attrs(**attrs)
+    k = max(len(inputs), 3)
+    in_shapes = np.ones([k, MAX_RANK], np.int32)
+    in_ranks = np.zeros([k], np.int32)
+    for i, x in enumerate(inputs):
+      in_shapes[i], in_ranks[i] = ops.pad_shape(x.shape)
+    shape, rank = ops.infer_shape(op, in_shapes, in_ranks, vec, len(inputs), where=self.where)
+    dtypes = [int(project_dtype(x.dtype, self.where)) for x in inputs]
+    out_dtype = ops.numpy_dtype(ops.infer_dtype(op, dtypes, vec))
+    out_shape = ops.unpad_shape(shape, rank)
+    value = spec.lower([jnp.asarray(x.value) for x in inputs], spec.decode_attrs(vec), out_shape,
+                       jnp.dtype(out_dtype))
+    self._count += 1
+    return Const(np.asarray(value).astype(out_dtype),
+                 f"{self.base}/{spec.name.lower()}_{self._count}")
+
+  def reshape(self, x: Operand, shape: Sequence[int]) -> Operand:
+    shape = tuple(int(s) for s in shape)
+    if shape == self.shape(x):
+      return x
+    if len(shape) > MAX_RANK:
+      raise self.unsupported(f"rank {len(shape)} exceeds the project's maximum rank {MAX_RANK}")
+    padded, rank = ops.pad_shape(shape)
+    return self.op(Op.RESHAPE, [x], shape=tuple(int(v) for v in padded), rank=rank)
+
+  def transpose(self, x: Operand, perm: Sequence[int]) -> Operand:
+    perm = [int(p) for p in perm]
+    if perm == list(range(len(perm))):
+      return x
+    return self.op(Op.TRANSPOSE, [x], perm=tuple(perm) + (0,) * (MAX_RANK - len(perm)))
+
+  def squeeze(self, x: Operand, axes: Sequence[int]) -> Operand:
+    if not axes:
+      return x
+    return self.op(Op.SQUEEZE, [x], axes=_bits(axes))
+
+  def unsqueeze(self, x: Operand, axes: Sequence[int]) -> Operand:
+    if not axes:
+      return x
+    if len(self.shape(x)) + len(axes) > MAX_RANK:
+      raise self.unsupported(f"rank {len(self.shape(x)) + len(axes)} exceeds the project's "
+                             f"maximum rank {MAX_RANK}")
+    return self.op(Op.UNSQUEEZE, [x], axes=_bits(axes))
+
+  def slice(self, x: Operand, axis: int, start: int, end: int, step: int = 1) -> Operand:
+    if start == 0 and end == self.shape(x)[axis] and step == 1:
+      return x
+    return self.op(Op.SLICE, [x], axis=axis, start=start, end=end, step=step)
+
+  def concat(self, xs: Sequence[Operand], axis: int) -> Operand:
+    xs = list(xs)
+    if len(xs) == 1:
+      return xs[0]
+    k = self.b.max_inputs
+    while len(xs) > k:
+      xs = [self.op(Op.CONCAT, xs[:k], axis=axis)] + xs[k:]
+    return self.op(Op.CONCAT, xs, axis=axis)
+
+  def scalar(self, value: float, like: Operand, suffix: str) -> Const:
+    return self.const_value(np.asarray(value, dtype=self.dtype(like)), suffix)
+
+  def same_dtype(self, xs: Sequence[Operand]) -> None:
+    names = {self.dtype(x).name for x in xs}
+    if len(names) > 1:
+      raise self.error(f"inputs have different dtypes ({', '.join(sorted(names))})")
+
+
+Converter = Callable[[Ctx], list[Operand | None]]
+CONVERTERS: dict[str, Converter] = {}
+
+
+def converter(*names: str) -> Callable[[Converter], Converter]:
+  def register(fn: Converter) -> Converter:
+    for n in names:
+      CONVERTERS[n] = fn
+    return fn
+  return register
+
+
+def _float(ctx: Ctx, x: Operand, what: str = "input") -> None:
+  if not np.issubdtype(ctx.dtype(x), np.floating):
+    raise ctx.unsupported(f"{what} of dtype {ctx.dtype(x).name} is not supported (floats only)")
+
+
+# ==================================================================== elementwise
+
+_UNARY = {"Relu": Op.RELU, "Sigmoid": Op.SIGMOID, "Tanh": Op.TANH, "Erf": Op.ERF, "Exp": Op.EXP,
+          "Log": Op.LOG, "Sqrt": Op.SQRT, "Neg": Op.NEG, "Reciprocal": Op.RECIPROCAL}
+
+
+@converter(*_UNARY)
+def _unary(ctx: Ctx) -> list[Operand | None]:
+  ctx.check_attrs([])
+  x = ctx.inp(0)
+  if ctx.node.op_type != "Neg":
+    _float(ctx, x)
+  return [ctx.op(_UNARY[ctx.node.op_type], [x])]
+
+
+@converter("Identity")
+def _identity(ctx: Ctx) -> list[Operand | None]:
+  ctx.check_attrs([])
+  return [ctx.inp(0)]
+
+
+@converter("Dropout")
+def _dropout(ctx: Ctx) -> list[Operand | None]:
+  ctx.check_attrs(["ratio", "seed", "is_test"])
+  if ctx.has(2):
+    if bool(np.asarray(ctx.const(2, "training_mode")).reshape(-1)[0]):
+      raise ctx.unsupported("training_mode=True (random dropout) is not supported")
+  if len(ctx.needed) > 1 and ctx.needed[1]:
+    raise ctx.unsupported("the mask output is not supported")
+  return [ctx.inp(0)] + [None] * (len(ctx.needed) - 1)
+
+
+def _abs(ctx: Ctx, x: Operand) -> Operand:
+  return ctx.op(Op.MAX, [x, ctx.op(Op.NEG, [x])])
+
+
+@converter("Abs")
+def _abs_conv(ctx: Ctx) -> list[Operand | None]:
+  ctx.check_attrs([])
+  return [_abs(ctx, ctx.inp(0))]
+
+
+@converter("HardSigmoid")
+def _hard_sigmoid(ctx: Ctx) -> list[Operand | None]:
+  ctx.check_attrs(["alpha", "beta"])
+  x = ctx.inp(0)
+  _float(ctx, x)
+  return [ctx.op(Op.HARD_SIGMOID, [x], alpha=ctx.float_attr("alpha", 0.2),
+                 beta=ctx.float_attr("beta", 0.5))]
+
+
+@converter("HardSwish")
+def _hard_swish(ctx: Ctx) -> list[Operand | None]:
+  ctx.check_attrs([])
+  x = ctx.inp(0)
+  _float(ctx, x)
+  return [ctx.op(Op.HARD_SWISH, [x])]
+
+
+@converter("Gelu")
+def _gelu(ctx: Ctx) -> list[Operand | None]:
+  ctx.check_attrs(["approximate"])
+  approx = ctx.attr("approximate", "none")
+  if approx not in ("none", "tanh"):
+    raise ctx.error(f"approximate must be 'none' or 'tanh', got {approx!r}")
+  x = ctx.inp(0)
+  _float(ctx, x)
+  return [ctx.op(Op.GELU, [x], approximate=approx == "tanh")]
+
+
+def _pos_neg(ctx: Ctx, x: Operand) -> tuple[Operand, Operand]:
+  zero = ctx.scalar(0.0, x, "zero")
+  return ctx.op(Op.MAX, [x, zero]), ctx.op(Op.MIN, [x, zero])
+
+
+@converter("LeakyRelu")
+def _leaky_relu(ctx: Ctx) -> list[Operand | None]:
+  ctx.check_attrs(["alpha"])
+  x = ctx.inp(0)
+  _float(ctx, x)
+  alpha = ctx.float_attr("alpha", 0.01)
+  scaled = ctx.op(Op.MUL, [x, ctx.scalar(alpha, x, "alpha")])
+  if 0.0 <= alpha <= 1.0:  # x >= 0 -> x >= alpha x; x < 0 -> alpha x >= x
+    return [ctx.op(Op.MAX, [x, scaled])]
+  if alpha > 1.0:
+    return [ctx.op(Op.MIN, [x, scaled])]
+  pos, neg = _pos_neg(ctx, x)
+  return [ctx.op(Op.ADD, [pos, ctx.op(Op.MUL, [neg, ctx.scalar(alpha, x, "alpha")])])]
+
+
+@converter("PRelu")
+def _prelu(ctx: Ctx) -> list[Operand | None]:
+  ctx.check_attrs([])
+  x, slope = ctx.inp(0), ctx.inp(1, "slope")
+  _float(ctx, x)
+  ctx.same_dtype([x, slope])
+  pos, neg = _pos_neg(ctx, x)
+  return [ctx.op(Op.ADD, [pos, ctx.op(Op.MUL, [neg, slope])])]
+
+
+@converter("Elu", "Selu")
+def _elu(ctx: Ctx) -> list[Operand | None]:
+  selu = ctx.node.op_type == "Selu"
+  ctx.check_attrs(["alpha", "gamma"] if selu else ["alpha"])
+  x = ctx.inp(0)
+  _float(ctx, x)
+  alpha = ctx.float_attr("alpha", 1.67326319217681884765625 if selu else 1.0)
+  pos, neg = _pos_neg(ctx, x)
+  e = ctx.op(Op.EXP, [neg])
+  if selu:  # gamma * (x if x > 0 else alpha * exp(x) - alpha)
+    gamma = ctx.float_attr("gamma", 1.05070102214813232421875)
+    a = ctx.scalar(alpha, x, "alpha")
+    tail = ctx.op(Op.SUB, [ctx.op(Op.MUL, [e, a]), a])
+    return [ctx.op(Op.MUL, [ctx.op(Op.ADD, [pos, tail]), ctx.scalar(gamma, x, "gamma")])]
+  tail = ctx.op(Op.MUL, [ctx.op(Op.SUB, [e, ctx.scalar(1.0, x, "one")]),
+                         ctx.scalar(alpha, x, "alpha")])
+  return [ctx.op(Op.ADD, [pos, tail])]
+
+
+@converter("Softsign")
+def _softsign(ctx: Ctx) -> list[Operand | None]:
+  ctx.check_attrs([])
+  x = ctx.inp(0)
+  _float(ctx, x)
+  return [ctx.op(Op.DIV, [x, ctx.op(Op.ADD, [_abs(ctx, x), ctx.scalar(1.0, x, "one")])])]
+
+
+@converter("Clip")
+def _clip(ctx: Ctx) -> list[Operand | None]:
+  x = ctx.inp(0)
+  if ctx.opset < 11:  # attributes, defaulting to the float range (not to infinities)
+    ctx.check_attrs(["min", "max"])
+    finfo = np.finfo(np.float32)
+    bounds = [np.asarray(ctx.float_attr("min", float(finfo.min)), ctx.dtype(x)),
+              np.asarray(ctx.float_attr("max", float(finfo.max)), ctx.dtype(x))]
+  else:
+    ctx.check_attrs([])
+    bounds = []
+    for i, what in ((1, "min"), (2, "max")):
+      if not ctx.has(i):
+        bounds.append(None)
+      elif isinstance(ctx.inputs[i], Const):
+        bounds.append(ctx.const(i, what))
+      else:
+        bounds.append(ctx.inputs[i])
+  dt = ctx.dtype(x)
+  consts = [b is None or isinstance(b, np.ndarray) for b in bounds]
+  if np.issubdtype(dt, np.floating) and dt == np.float32 and all(consts) and all(
+      b is None or b.size == 1 for b in bounds):
+    finfo = np.finfo(np.float32)
+    lo = float(bounds[0].reshape(-1)[0]) if bounds[0] is not None else float(finfo.min)
+    hi = float(bounds[1].reshape(-1)[0]) if bounds[1] is not None else float(finfo.max)
+    if bounds[0] is None:
+      lo = -math.inf
+    if bounds[1] is None:
+      hi = math.inf
+    return [ctx.op(Op.CLIP, [x], min=lo, max=hi)]
+  y = x
+  for b, op, suffix in ((bounds[0], Op.MAX, "min"), (bounds[1], Op.MIN, "max")):
+    if b is None:
+      continue
+    operand = ctx.const_value(np.asarray(b, dt), suffix) if isinstance(b, np.ndarray) else b
+    ctx.same_dtype([x, operand])
+    y = ctx.op(op, [y, operand])
+  return [y]
+
+
+_BINARY = {"Add": Op.ADD, "Sub": Op.SUB, "Mul": Op.MUL, "Div": Op.DIV, "Pow": Op.POW}
+
+
+@converter(*_BINARY)
+def _binary(ctx: Ctx) -> list[Operand | None]:
+  ctx.check_attrs([])
+  a, b = ctx.inp(0), ctx.inp(1)
+  op = ctx.node.op_type
+  if op == "Pow" and ctx.dtype(b) != ctx.dtype(a):  # Pow allows another exponent type
+    b = (ctx.const_value(b.value.astype(ctx.dtype(a)), "exponent") if isinstance(b, Const)
+         else ctx.op(Op.CAST, [b], to=int(project_dtype(ctx.dtype(a), ctx.where))))
+  ctx.same_dtype([a, b])
+  if op in ("Div", "Pow") and not np.issubdtype(ctx.dtype(a), np.floating):
+    raise ctx.unsupported(f"integer {op} on tensors computed at run time is not supported")
+  return [ctx.op(_BINARY[op], [a, b])]
+
+
+@converter("Max", "Min", "Sum", "Mean")
+def _variadic(ctx: Ctx) -> list[Operand | None]:
+  ctx.check_attrs([])
+  xs = [x for x in ctx.inputs if x is not None]
+  if not xs:
+    raise ctx.error("needs at least one input")
+  ctx.same_dtype(xs)
+  op = {"Max": Op.MAX, "Min": Op.MIN, "Sum": Op.ADD, "Mean": Op.ADD}[ctx.node.op_type]
+  y = xs[0]
+  for x in xs[1:]:
+    y = ctx.op(op, [y, x])
+  if ctx.node.op_type == "Mean" and len(xs) > 1:
+    _float(ctx, y)
+    y = ctx.op(Op.DIV, [y, ctx.scalar(len(xs), y, "count")])
+  return [y]
+
+
+@converter("Cast", "CastLike")
+def _cast(ctx: Ctx) -> list[Operand | None]:
+  x = ctx.inp(0)
+  if ctx.node.op_type == "Cast":
+    ctx.check_attrs(["to", "saturate", "round_mode"])
+    to = onnx_to_numpy_dtype(ctx.int_attr("to", -1), ctx.where)
+  else:
+    ctx.check_attrs(["saturate", "round_mode"])
+    to = ctx.dtype(ctx.inp(1, "target_type"))
+  if to == ctx.dtype(x):
+    return [x]
+  return [ctx.op(Op.CAST, [x], to=int(project_dtype(to, ctx.where)))]
+
+
+@converter("Where")
+def _where(ctx: Ctx) -> list[Operand | None]:
+  ctx.check_attrs([])
+  cond, a, b = ctx.inp(0, "condition"), ctx.inp(1, "X"), ctx.inp(2, "Y")
+  if ctx.dtype(cond) != np.bool_:
+    raise ctx.error(f"condition must be bool, got {ctx.dtype(cond).name}")
+  ctx.same_dtype([a, b])
+  return [ctx.op(Op.WHERE, [cond, a, b])]
+
+
+# ==================================================================== matmul / conv
+
+@converter("MatMul")
+def _matmul(ctx: Ctx) -> list[Operand | None]:
+  ctx.check_attrs([])
+  a, b = ctx.inp(0, "A"), ctx.inp(1, "B")
+  ctx.same_dtype([a, b])
+  ra, rb = len(ctx.shape(a)), len(ctx.shape(b))
+  if ra == 0 or rb == 0:
+    raise ctx.error("MatMul operands must have rank >= 1")
+  if ra == 1:
+    a = ctx.unsqueeze(a, [0])
+  if rb == 1:
+    b = ctx.unsqueeze(b, [1])
+  y = ctx.op(Op.MATMUL, [a, b])
+  r = len(ctx.shape(y))
+  drop = ([r - 2] if ra == 1 else []) + ([r - 1] if rb == 1 else [])
+  return [ctx.squeeze(y, drop)]
+
+
+@converter("Gemm")
+def _gemm(ctx: Ctx) -> list[Operand | None]:
+  ctx.check_attrs(["alpha", "beta", "transA", "transB", "broadcast"])
+  a, b = ctx.inp(0, "A"), ctx.inp(1, "B")
+  ctx.same_dtype([a, b])
+  if len(ctx.shape(a)) != 2 or len(ctx.shape(b)) != 2:
+    raise ctx.error(f"A and B must be rank 2, got {list(ctx.shape(a))} and {list(ctx.shape(b))}")
+  if ctx.int_attr("transA", 0):
+    a = ctx.transpose(a, [1, 0])
+  if ctx.int_attr("transB", 0):
+    b = ctx.transpose(b, [1, 0])
+  y = ctx.op(Op.MATMUL, [a, b])
+  alpha, beta = ctx.float_attr("alpha", 1.0), ctx.float_attr("beta", 1.0)
+  if alpha != 1.0:
+    y = ctx.op(Op.MUL, [y, ctx.scalar(alpha, y, "alpha")])
+  if ctx.has(2) and beta != 0.0:
+    c = ctx.inp(2)
+    ctx.same_dtype([y, c])
+    if beta != 1.0:
+      c = ctx.op(Op.MUL, [c, ctx.scalar(beta, c, "beta")])
+    y = ctx.op(Op.ADD, [y, c])
+  return [y]
+
+
+def _auto_pads(ctx: Ctx, spatial: Sequence[int], kernel: Sequence[int], strides: Sequence[int],
+               dilations: Sequence[int]) -> tuple[list[int], list[int]]:
+  """(begins, ends) of ONNX auto_pad / pads for each spatial dim."""
+  n = len(spatial)
+  mode = ctx.attr("auto_pad", "NOTSET")
+  if mode in ("NOTSET", ""):
+    pads = ctx.ints_attr("pads", [0] * (2 * n))
+    if len(pads) != 2 * n or any(p < 0 for p in pads):
+      raise ctx.error(f"pads {pads} must be {2 * n} values >= 0")
+    return pads[:n], pads[n:]
+  if mode == "VALID":
+    return [0] * n, [0] * n
+  if mode not in ("SAME_UPPER", "SAME_LOWER"):
+    raise ctx.error(f"unknown auto_pad {mode!r}")
+  begins, ends = [], []
+  for size, k, s, d in zip(spatial, kernel, strides, dilations):
+    out = -(-size // s)
+    total = max((out - 1) * s + (k - 1) * d + 1 - size, 0)
+    small = total // 2
+    begins.append(small if mode == "SAME_UPPER" else total - small)
+    ends.append(total - small if mode == "SAME_UPPER" else small)
+  return begins, ends
+
+
+def _spatial_attr(ctx: Ctx, name: str, n: int, default: int) -> list[int]:
+  value = ctx.ints_attr(name, [default] * n)
+  if len(value) != n or any(v < 1 for v in value):
+    raise ctx.error(f"{name} {value} must be {n} values >= 1")
+  return value
+
+
+def _to_2d(ctx: Ctx, x: Operand, what: str) -> tuple[Operand, bool]:
+  """NCL -> NC1L so 1-D convolutions and pools run as 2-D ones."""
+  rank = len(ctx.shape(x))
+  if rank == 4:
+    return x, False
+  if rank == 3:
+    return ctx.unsqueeze(x, [2]), True
+  raise ctx.unsupported(f"{what} of rank {rank} is not supported (1-D and 2-D only)")
+
+
+@converter("Conv")
+def _conv(ctx: Ctx) -> list[Operand | None]:
+  ctx.check_attrs(["auto_pad", "dilations", "group", "kernel_shape", "pads", "strides"])
+  x, w = ctx.inp(0, "X"), ctx.inp(1, "W")
+  ctx.same_dtype([x, w])
+  _float(ctx, x)
+  xs, ws = ctx.shape(x), ctx.shape(w)
+  if len(ws) != len(xs):
+    raise ctx.error(f"weight '{ctx.node.input[1]}' has dims {list(ws)}, which do not fit input "
+                    f"{list(xs)} (same rank needed)")
+  n = len(xs) - 2
+  kernel = ctx.ints_attr("kernel_shape", list(ws[2:]))
+  if list(kernel) != list(ws[2:]):
+    raise ctx.error(f"weight '{ctx.node.input[1]}' has dims {list(ws)} but kernel_shape is "
+                    f"{kernel}")
+  strides = _spatial_attr(ctx, "strides", n, 1)
+  dilations = _spatial_attr(ctx, "dilations", n, 1)
+  begins, ends = _auto_pads(ctx, xs[2:], kernel, strides, dilations)
+  x4, one_d = _to_2d(ctx, x, "Conv input")
+  w4 = ctx.unsqueeze(w, [2]) if one_d else w
+  if one_d:
+    strides, dilations = [1] + strides, [1] + dilations
+    begins, ends = [0] + begins, [0] + ends
+  inputs = [x4, w4]
+  if ctx.has(2):
+    bias = ctx.inp(2, "B")
+    ctx.same_dtype([x, bias])
+    inputs.append(bias)
+  y = ctx.op(Op.CONV2D, inputs, strides=tuple(strides), dilations=tuple(dilations),
+             pads=(begins[0], begins[1], ends[0], ends[1]), groups=ctx.int_attr("group", 1))
+  return [ctx.squeeze(y, [2]) if one_d else y]
+
+
+# ==================================================================== pooling / normalisation
+
+def _pool(ctx: Ctx, op: Op) -> list[Operand | None]:
+  known = ["auto_pad", "ceil_mode", "kernel_shape", "pads", "strides", "dilations"]
+  known += ["storage_order"] if op == Op.MAX_POOL else ["count_include_pad"]
+  ctx.check_attrs(known)
+  x = ctx.inp(0, "X")
+  if len(ctx.needed) > 1 and ctx.needed[1]:
+    raise ctx.unsupported("the Indices output is not supported")
+  xs = ctx.shape(x)
+  n = len(xs) - 2
+  if n < 1:
+    raise ctx.error(f"input of rank {len(xs)} has no spatial dims")
+  kernel = ctx.ints_attr("kernel_shape")
+  if kernel is None or len(kernel) != n or any(k < 1 for k in kernel):
+    raise ctx.error(f"kernel_shape {kernel} must be {n} values >= 1")
+  strides = _spatial_attr(ctx, "strides", n, 1)
+  dilations = _spatial_attr(ctx, "dilations", n, 1)
+  if any(d != 1 for d in dilations):
+    raise ctx.unsupported(f"dilations {dilations} are not supported (1 only)")
+  begins, ends = _auto_pads(ctx, xs[2:], kernel, strides, dilations)
+  x4, one_d = _to_2d(ctx, x, "pool input")
+  if one_d:
+    kernel, strides, begins, ends = [1] + kernel, [1] + strides, [0] + begins, [0] + ends
+  attrs = dict(kernel=tuple(kernel), strides=tuple(strides),
+               pads=(begins[0], begins[1], ends[0], ends[1]),
+               ceil_mode=bool(ctx.int_attr("ceil_mode", 0)))
+  if op == Op.AVG_POOL:
+    attrs["count_include_pad"] = bool(ctx.int_attr("count_include_pad", 0))
+  y = ctx.op(op, [x4], **attrs)
+  return [ctx.squeeze(y, [2]) if one_d else y] + [None] * (len(ctx.needed) - 1)
+
+
+@converter("MaxPool")
+def _max_pool(ctx: Ctx) -> list[Operand | None]:
+  return _pool(ctx, Op.MAX_POOL)
+
+
+@converter("AveragePool")
+def _avg_pool(ctx: Ctx) -> list[Operand | None]:
+  _float(ctx, ctx.inp(0))
+  return _pool(ctx, Op.AVG_POOL)
+
+
+@converter("GlobalAveragePool", "GlobalMaxPool")
+def _global_pool(ctx: Ctx) -> list[Operand | None]:
+  ctx.check_attrs([])
+  x = ctx.inp(0)
+  xs = ctx.shape(x)
+  if len(xs) < 3:
+    raise ctx.error(f"input of rank {len(xs)} has no spatial dims")
+  if ctx.node.op_type == "GlobalMaxPool":
+    x4, one_d = _to_2d(ctx, x, "GlobalMaxPool input")
+    s = ctx.shape(x4)
+    y = ctx.op(Op.MAX_POOL, [x4], kernel=(s[2], s[3]), strides=(1, 1))
+    return [ctx.squeeze(y, [2]) if one_d else y]
+  _float(ctx, x)
+  if len(xs) == 4:
+    return [ctx.op(Op.GLOBAL_AVG_POOL, [x])]
+  return [ctx.op(Op.REDUCE_MEAN, [x], axes=_bits(range(2, len(xs))), keepdims=True)]
+
+
+@converter("BatchNormalization")
+def _batch_norm(ctx: Ctx) -> list[Operand | None]:
+  ctx.check_attrs(["epsilon", "momentum", "spatial", "training_mode", "is_test"])
+  if ctx.int_attr("training_mode", 0):
+    raise ctx.unsupported("training_mode=1 is not supported (inference only)")
+  if ctx.int_attr("spatial", 1) != 1:
+    raise ctx.unsupported("spatial=0 is not supported")
+  if any(ctx.needed[1:]):
+    raise ctx.unsupported("the running mean/var outputs are not supported (inference only)")
+  xs = [ctx.inp(i, what) for i, what in enumerate(("X", "scale", "B", "input_mean",
+                                                   "input_var"))]
+  _float(ctx, xs[0])
+  ctx.same_dtype(xs)
+  y = ctx.op(Op.BATCH_NORM, xs, epsilon=ctx.float_attr("epsilon", 1e-5))
+  return [y] + [None] * (len(ctx.needed) - 1)
+
+
+@converter("LayerNormalization")
+def _layer_norm(ctx: Ctx) -> list[Operand | None]:
+  ctx.check_attrs(["axis", "epsilon", "stash_type"])
+  if ctx.int_attr("stash_type", 1) != 1:
+    raise ctx.unsupported("stash_type other than 1 (float32 statistics) is not supported")
+  x, scale = ctx.inp(0, "X"), ctx.inp(1, "Scale")
+  _float(ctx, x)
+  inputs = [x, scale] + ([ctx.inp(2)] if ctx.has(2) else [])
+  ctx.same_dtype(inputs)
+  rank = len(ctx.shape(x))
+  axis = ctx.axis(ctx.int_attr("axis", -1), rank)
+  eps = ctx.float_attr("epsilon", 1e-5)
+  y = ctx.op(Op.LAYER_NORM, inputs, axis=axis, epsilon=eps)
+  outs: list[Operand | None] = [y, None, None][:len(ctx.needed)]
+  if any(ctx.needed[1:]):  # the optional statistics, over the normalised dims (kept as 1s)
+    axes = _bits(range(axis, rank))
+    mean = ctx.op(Op.REDUCE_MEAN, [x], axes=axes, keepdims=True)
+    d = ctx.op(Op.SUB, [x, mean])
+    var = ctx.op(Op.REDUCE_MEAN, [ctx.op(Op.MUL, [d, d])], axes=axes, keepdims=True)
+    std = ctx.op(Op.SQRT, [ctx.op(Op.ADD, [var, ctx.scalar(eps, x, "eps")])])
+    inv = ctx.op(Op.RECIPROCAL, [std])
+    outs[1:] = [mean, inv][:len(ctx.needed) - 1]
+  return outs
+
+
+@converter("InstanceNormalization")
+def _instance_norm(ctx: Ctx) -> list[Operand | None]:
+  ctx.check_attrs(["epsilon"])
+  x, scale, bias = ctx.inp(0, "input"), ctx.inp(1, "scale"), ctx.inp(2, "B")
+  _float(ctx, x)
+  ctx.same_dtype([x, scale, bias])
+  xs = ctx.shape(x)
+  if len(xs) < 3:
+    raise ctx.error(f"input must have rank >= 3, got {list(xs)}")
+  c = xs[1]
+  for what, p in (("scale", scale), ("B", bias)):
+    if ctx.shape(p) != (c,):
+      raise ctx.error(f"{what} has dims {list(ctx.shape(p))}, expected [{c}]")
+  # Normalise over the spatial dims per (n, c), then the per-channel affine map.
+  one = ctx.const_value(np.ones([1], ctx.dtype(x)), "one")
+  y = ctx.op(Op.LAYER_NORM, [x, one], axis=2, epsilon=ctx.float_attr("epsilon", 1e-5))
+  per_channel = (c,) + (1,) * (len(xs) - 2)
+  y = ctx.op(Op.MUL, [y, ctx.reshape(scale, per_channel)])
+  return [ctx.op(Op.ADD, [y, ctx.reshape(bias, per_channel)])]
+
+
+@converter("LRN")
+def _lrn(ctx: Ctx) -> list[Operand | None]:
+  """y = x / (bias + alpha / size * sum of x^2 over a channel window) ** beta.
+
+  The channel-window sum divided by size is an average pool (padding counted) over the channel
+  axis of x^2 viewed as [N, 1, C, H*W].
+  """
+  ctx.check_attrs(["alpha", "beta", "bias", "size"])
+  x = ctx.inp(0)
+  _float(ctx, x)
+  xs = ctx.shape(x)
+  if len(xs) != 4:
+    raise ctx.unsupported(f"input of rank {len(xs)} is not supported (NCHW only)")
+  size = ctx.int_attr("size", 0)
+  if size < 1:
+    raise ctx.error(f"size must be >= 1, got {size}")
+  n, c, h, w = xs
+  lo, hi = (size - 1) // 2, size - 1 - (size - 1) // 2
+  sq = ctx.op(Op.MUL, [x, x])
+  sq = ctx.reshape(sq, (n, 1, c, h * w))
+  mean = ctx.op(Op.AVG_POOL, [sq], kernel=(size, 1), strides=(1, 1), pads=(lo, 0, hi, 0),
+                count_include_pad=True)
+  mean = ctx.reshape(mean, xs)
+  alpha = ctx.float_attr("alpha", 1e-4)
+  beta = ctx.float_attr("beta", 0.75)
+  bias = ctx.float_attr("bias", 1.0)
+  d = ctx.op(Op.ADD, [ctx.op(Op.MUL, [mean, ctx.scalar(alpha, x, "alpha")]),
+                      ctx.scalar(bias, x, "bias")])
+  d = ctx.op(Op.POW, [d, ctx.scalar(beta, x, "beta")])
+  return [ctx.op(Op.DIV, [x, d])]
+
+
+@converter("Softmax")
+def _softmax(ctx: Ctx) -> list[Operand | None]:
+  ctx.check_attrs(["axis"])
+  x = ctx.inp(0)
+  _float(ctx, x)
+  xs = ctx.shape(x)
+  r = len(xs)
+  if r == 0:
+    raise ctx.error("Softmax of a scalar")
+  if ctx.opset >= 13:
+    return [ctx.op(Op.SOFTMAX, [x], axis=ctx.axis(ctx.int_attr("axis", -1), r))]
+  # Opset < 13: softmax over the flattened dims from `axis` on.
+  axis = ctx.axis(ctx.int_attr("axis", 1), r)
+  if axis == r - 1:
+    return [ctx.op(Op.SOFTMAX, [x], axis=axis)]
+  flat = ctx.reshape(x, (int(np.prod(xs[:axis])), int(np.prod(xs[axis:]))))
+  return [ctx.reshape(ctx.op(Op.SOFTMAX, [flat], axis=1), xs)]
+
+
+def _reduce_axes(ctx: Ctx, x: Operand, axes_input: int) -> list[int] | None:
+  """Normalised reduction axes; None means an identity (noop_with_empty_axes)."""
+  r = len(ctx.shape(x))
+  if "axes" in ctx.attrs:
+    axes = ctx.ints_attr("axes")
+  elif ctx.has(axes_input):
+    axes = ctx.ints(axes_input, "axes")
+  else:
+    axes = []
+  if not axes:
+    if ctx.int_attr("noop_with_empty_axes", 0):
+      return None
+    axes = list(range(r))
+  axes = sorted({ctx.axis(a, r, "axes") for a in axes})
+  return axes
+
+
+@converter("ReduceMean", "ReduceSum", "ReduceSumSquare", "ReduceL2", "ReduceL1")
+def _reduce(ctx: Ctx) -> list[Operand | None]:
+  ctx.check_attrs(["axes", "keepdims", "noop_with_empty_axes"])
+  x = ctx.inp(0)
+  kind = ctx.node.op_type
+  if kind != "ReduceSum" or not np.issubdtype(ctx.dtype(x), np.integer):
+    _float(ctx, x)
+  axes = _reduce_axes(ctx, x, 1)
+  if kind in ("ReduceSumSquare", "ReduceL2"):
+    x = ctx.op(Op.MUL, [x, x])
+  elif kind == "ReduceL1":
+    x = _abs(ctx, x)
+  if axes is None or not ctx.shape(x):
+    y = x
+  else:
+    op = Op.REDUCE_MEAN if kind == "ReduceMean" else Op.REDUCE_SUM
+    y = ctx.op(op, [x], axes=_bits(axes), keepdims=bool(ctx.int_attr("keepdims", 1)))
+  if kind == "ReduceL2":
+    y = ctx.op(Op.SQRT, [y])
+  return [y]
+
+
+# ==================================================================== data movement
+
+@converter("Concat")
+def _concat(ctx: Ctx) -> list[Operand | None]:
+  ctx.check_attrs(["axis"])
+  xs = [x for x in ctx.inputs if x is not None]
+  if not xs:
+    raise ctx.error("needs at least one input")
+  ctx.same_dtype(xs)
+  axis = ctx.axis(ctx.int_attr("axis", 0), len(ctx.shape(xs[0])))
+  return [ctx.concat(xs, axis)]
+
+
+@converter("Split")
+def _split(ctx: Ctx) -> list[Operand | None]:
+  ctx.check_attrs(["axis", "split", "num_outputs"])
+  x = ctx.inp(0)
+  xs = ctx.shape(x)
+  axis = ctx.axis(ctx.int_attr("axis", 0), len(xs))
+  dim, count = xs[axis], len(ctx.node.output)
+  if "split" in ctx.attrs:
+    sizes = ctx.ints_attr("split")
+  elif ctx.has(1):
+    sizes = ctx.ints(1, "split")
+  elif "num_outputs" in ctx.attrs:
+    parts = ctx.int_attr("num_outputs", count)
+    if parts != count or parts < 1:
+      raise ctx.error(f"num_outputs {parts} but the node has {count} outputs")
+    chunk = -(-dim // parts)
+    sizes = [min(chunk, dim - i * chunk) for i in range(parts)]
+  else:
+    if dim % count:
+      raise ctx.error(f"dim {dim} does not split evenly into {count} outputs")
+    sizes = [dim // count] * count
+  if len(sizes) != count or sum(sizes) != dim or any(s < 0 for s in sizes):
+    raise ctx.error(f"split sizes {sizes} must be {count} values >= 0 summing to {dim}")
+  if any(s == 0 and needed for s, needed in zip(sizes, ctx.needed)):
+    raise ctx.unsupported(f"split sizes {sizes} make an empty output that is read (zero-size "
+                          "tensors are not supported)")
+  outs: list[Operand | None] = []
+  start = 0
+  for s, needed in zip(sizes, ctx.needed):
+    outs.append(ctx.slice(x, axis, start, start + s) if needed else None)
+    start += s
+  return outs
+
+
+@converter("Slice")
+def _slice(ctx: Ctx) -> list[Operand | None]:
+  x = ctx.inp(0)
+  xs = ctx.shape(x)
+  if ctx.opset < 10:
+    ctx.check_attrs(["starts", "ends", "axes"])
+    starts, ends = ctx.ints_attr("starts", []), ctx.ints_attr("ends", [])
+    axes = ctx.ints_attr("axes", list(range(len(starts))))
+    steps = [1] * len(starts)
+  else:
+    ctx.check_attrs([])
+    starts, ends = ctx.ints(1, "starts"), ctx.ints(2, "ends")
+    axes = ctx.ints(3, "axes") if ctx.has(3) else list(range(len(starts)))
+    steps = ctx.ints(4, "steps") if ctx.has(4) else [1] * len(starts)
+  if not len(starts) == len(ends) == len(axes) == len(steps):
+    raise ctx.error(f"starts {starts}, ends {ends}, axes {axes}, steps {steps} differ in length")
+  axes = [ctx.axis(a, len(xs), "axes") for a in axes]
+  if len(set(axes)) != len(axes):
+    raise ctx.error(f"axes {axes} repeat")
+  y = x
+  for a, s, e, st in zip(axes, starts, ends, steps):
+    if st == 0:
+      raise ctx.error("slice step 0")
+    r = fold.onnx_slice(xs[a], s, e, st)
+    if len(r) == 0:
+      raise ctx.unsupported(f"the slice of axis {a} is empty (zero-size tensors are not "
+                            "supported)")
+    if st > 0:
+      y = ctx.slice(y, a, r.start, min(r.stop, xs[a]), st)
+    else:  # a reversed slice picks explicit indices
+      idx = ctx.const_value(np.asarray(list(r), np.int64), f"indices_{a}")
+      y = ctx.op(Op.GATHER, [y, idx], axis=a)
+  return [y]
+
+
+def _target_shape(ctx: Ctx, in_shape: Sequence[int], target: Sequence[int],
+                  allowzero: bool) -> list[int]:
+  out = []
+  for i, s in enumerate(target):
+    if s == 0 and not allowzero:
+      if i >= len(in_shape):
+        raise ctx.error(f"shape {list(target)} copies dim {i} of a rank-{len(in_shape)} input")
+      s = in_shape[i]
+    out.append(int(s))
+  total = int(np.prod(in_shape))
+  if out.count(-1) > 1 or any(s < -1 for s in out):
+    raise ctx.error(f"invalid target shape {list(target)}")
+  if 0 in out:
+    raise ctx.unsupported(f"target shape {list(target)} has a zero dim (zero-size tensors are not "
+                          "supported)")
+  if -1 in out:
+    known = int(np.prod([s for s in out if s != -1]))
+    if total % known:
+      raise ctx.error(f"cannot reshape {list(in_shape)} to {list(target)}")
+    out[out.index(-1)] = total // known
+  if int(np.prod(out)) != total:
+    raise ctx.error(f"cannot reshape {list(in_shape)} ({total} elements) to {list(target)}")
+  return out
+
+
+@converter("Reshape")
+def _reshape(ctx: Ctx) -> list[Operand | None]:
+  ctx.check_attrs(["allowzero", "shape"])
+  x = ctx.inp(0)
+  target = ctx.ints_attr("shape") if ctx.opset < 5 else ctx.ints(1, "shape")
+  shape = _target_shape(ctx, ctx.shape(x), target, bool(ctx.int_attr("allowzero", 0)))
+  return [ctx.reshape(x, shape)]
+
+
+@converter("Flatten")
+def _flatten(ctx: Ctx) -> list[Operand | None]:
+  ctx.check_attrs(["axis"])
+  x = ctx.inp(0)
+  xs = ctx.shape(x)
+  axis = ctx.int_attr("axis", 1)
+  if not -len(xs) <= axis <= len(xs):
+    raise ctx.error(f"axis {axis} is out of range for rank {len(xs)}")
+  if axis < 0:
+    axis += len(xs)
+  return [ctx.reshape(x, (int(np.prod(xs[:axis])), int(np.prod(xs[axis:]))))]
+
+
+@converter("Transpose")
+def _transpose(ctx: Ctx) -> list[Operand | None]:
+  ctx.check_attrs(["perm"])
+  x = ctx.inp(0)
+  r = len(ctx.shape(x))
+  perm = ctx.ints_attr("perm", list(range(r))[::-1])
+  if sorted(perm) != list(range(r)):
+    raise ctx.error(f"perm {perm} is not a permutation of {r} axes")
+  return [ctx.transpose(x, perm)]
+
+
+def _axes_arg(ctx: Ctx) -> list[int] | None:
+  if ctx.opset < 13:
+    return ctx.ints_attr("axes")
+  return ctx.ints(1, "axes") if ctx.has(1) else None
+
+
+@converter("Squeeze")
+def _squeeze(ctx: Ctx) -> list[Operand | None]:
+  ctx.check_attrs(["axes"])
+  x = ctx.inp(0)
+  xs = ctx.shape(x)
+  axes = _axes_arg(ctx)
+  if axes is None:
+    axes = [i for i, d in enumerate(xs) if d == 1]
+  axes = sorted({ctx.axis(a, len(xs), "axes") for a in axes})
+  bad = [a for a in axes if xs[a] != 1]
+  if bad:
+    raise ctx.error(f"cannot squeeze axes {bad} of shape {list(xs)} (dims must be 1)")
+  return [ctx.squeeze(x, axes)]
+
+
+@converter("Unsqueeze")
+def _unsqueeze(ctx: Ctx) -> list[Operand | None]:
+  ctx.check_attrs(["axes"])
+  x = ctx.inp(0)
+  axes = _axes_arg(ctx)
+  if not axes:
+    raise ctx.error("axes are required")
+  out_rank = len(ctx.shape(x)) + len(axes)
+  norm = sorted({ctx.axis(a, out_rank, "axes") for a in axes})
+  if len(norm) != len(axes):
+    raise ctx.error(f"axes {axes} repeat")
+  return [ctx.unsqueeze(x, norm)]
+
+
+@converter("Gather")
+def _gather(ctx: Ctx) -> list[Operand | None]:
+  ctx.check_attrs(["axis"])
+  data, idx = ctx.inp(0, "data"), ctx.inp(1, "indices")
+  ds = ctx.shape(data)
+  axis = ctx.axis(ctx.int_attr("axis", 0), len(ds))
+  if not np.issubdtype(ctx.dtype(idx), np.integer):
+    raise ctx.error(f"indices must be integers, got {ctx.dtype(idx).name}")
+  if isinstance(idx, Const):
+    v = idx.value.astype(np.int64)
+    if v.size and (v.min() < -ds[axis] or v.max() >= ds[axis]):
+      raise ctx.error(f"indices in [{v.min()}, {v.max()}] are out of range for axis {axis} of "
+                      f"shape {list(ds)}")
+    idx = Const(np.where(v < 0, v + ds[axis], v), idx.name)
+  return [ctx.op(Op.GATHER, [data, idx], axis=axis)]
+
+
+@converter("Pad")
+def _pad(ctx: Ctx) -> list[Operand | None]:
+  x = ctx.inp(0)
+  xs = ctx.shape(x)
+  r = len(xs)
+  if ctx.opset < 11:
+    ctx.check_attrs(["mode", "pads", "value"])
+    pads = ctx.ints_attr("pads", [])
+    value = ctx.float_attr("value", 0.0)
+    axes = list(range(r))
+  else:
+    ctx.check_attrs(["mode"])
+    pads = ctx.ints(1, "pads")
+    value = 0.0
+    if ctx.has(2):
+      v = ctx.const(2, "constant_value")
+      if v.size != 1:
+        raise ctx.error("constant_value must be a scalar")
+      value = float(v.reshape(-1)[0])
+    axes = ctx.ints(3, "axes") if ctx.has(3) else list(range(r))
+    axes = [ctx.axis(a, r, "axes") for a in axes]
+  if len(pads) != 2 * len(axes):
+    raise ctx.error(f"pads {pads} must hold 2 x {len(axes)} values")
+  mode = ctx.attr("mode", "constant")
+  from xrlflow_jax.ops.tensor import PAD_MODES  # pylint: disable=g-import-not-at-top
+  if mode not in PAD_MODES:
+    raise ctx.unsupported(f"mode {mode!r} is not supported ({', '.join(PAD_MODES)})")
+  begins, ends = [0] * r, [0] * r
+  for i, a in enumerate(axes):
+    begins[a], ends[a] = pads[i], pads[len(axes) + i]
+  y = x
+  for a in range(r):  # negative pads crop
+    b, e = min(begins[a], 0), min(ends[a], 0)
+    if b or e:
+      size = ctx.shape(y)[a]
+      if size + b + e < 1:
+        raise ctx.unsupported(f"pads crop axis {a} to nothing (zero-size tensors)")
+      y = ctx.slice(y, a, -b, size + e)
+  begins = [max(v, 0) for v in begins]
+  ends = [max(v, 0) for v in ends]
+  if not any(begins) and not any(ends):
+    return [y]
+  if mode == "reflect" and any(max(b, e) >= d for b, e, d in zip(begins, ends, ctx.shape(y))):
+    raise ctx.error("reflect pads must be smaller than the padded dims")
+  flat = [0] * (2 * MAX_RANK)
+  for a in range(r):
+    flat[a], flat[MAX_RANK + a] = begins[a], ends[a]
+  return [ctx.op(Op.PAD, [y], pads=tuple(flat), mode=PAD_MODES.index(mode), value=value)]
+
+
+@converter("Expand")
+def _expand(ctx: Ctx) -> list[Operand | None]:
+  """Broadcast a tensor to a shape as a product with ones of the missing extent."""
+  ctx.check_attrs([])
+  x = ctx.inp(0)
+  target = ctx.ints(1, "shape")
+  xs = ctx.shape(x)
+  try:
+    out = tuple(int(d) for d in np.broadcast_shapes(xs, tuple(target)))
+  except ValueError:
+    raise ctx.error(f"cannot expand shape {list(xs)} to {target}") from None
+  if out == xs:
+    return [x]
+  if 0 in out:
+    raise ctx.unsupported("expanding to a zero-size tensor is not supported")
+  padded = (1,) * (len(out) - len(xs)) + xs
+  ones_shape = tuple(o if p == 1 else 1 for o, p in zip(out, padded))
+  ones = ctx.const_value(np.ones(ones_shape, ctx.dtype(x)), "ones")
+  if ctx.dtype(x) == np.bool_:
+    raise ctx.unsupported("expanding a bool tensor computed at run time is not supported")
+  return [ctx.op(Op.MUL, [x, ones])]
+
+
+@converter("Tile")
+def _tile(ctx: Ctx) -> list[Operand | None]:
+  ctx.check_attrs([])
+  x = ctx.inp(0)
+  reps = ctx.ints(1, "repeats")
+  if len(reps) != len(ctx.shape(x)) or any(r < 1 for r in reps):
+    raise ctx.error(f"repeats {reps} must be {len(ctx.shape(x))} values >= 1")
+  y = x
+  for a, r in enumerate(reps):
+    if r > 1:
+      y = ctx.concat([y] * r, a)
+  return [y]
+
+
+BUILDER_ERRORS = (ShapeError, UnknownOpError, ParamError, CapacityError)
