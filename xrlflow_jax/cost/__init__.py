@@ -1,6 +1,28 @@
-"""Cost and latency: XLA-measured latency (the ground truth of every speed claim)."""
+"""Cost and latency: XLA-measured latency (the ground truth of every speed claim), the per-op
+profiler, and the in-graph cost model calibrated to it.
 
-from xrlflow_jax.cost.latency import (BackendError, LatencyStats, measure_latency, resolve_device,
-                                      time_callable)
+  measure_latency, measure_interleaved, compile_graph    end-to-end XLA timing (latency)
+  Profiler, graph_signatures                             per-op timing, cached on disk (profiler)
+  node_costs, graph_cost, load_coefficients              jittable cost model (model)
+  fit_coefficients, fit_from_profiles                    non-negative least squares (fit)
+Submodules `variants`, `validate` and `gains` hold the validation benchmark's logic.
+"""
 
-__all__ = ["BackendError", "LatencyStats", "measure_latency", "resolve_device", "time_callable"]
+from xrlflow_jax.cost.fit import FitReport, fit_coefficients, fit_from_profiles, nnls
+from xrlflow_jax.cost.latency import (BackendError, CompiledGraph, DeviceMemoryError,
+                                      LatencyStats, compile_graph, measure_interleaved,
+                                      measure_latency, resolve_device, time_callable)
+from xrlflow_jax.cost.model import (FEATURE_NAMES, CostCoefficients, CostModelError,
+                                    graph_cost, graph_features, load_coefficients, node_costs,
+                                    node_features, save_coefficients)
+from xrlflow_jax.cost.profiler import (GraphProfile, OpSignature, ProfileCache, ProfileError,
+                                       Profiler, graph_signatures)
+
+__all__ = [
+    "BackendError", "CompiledGraph", "CostCoefficients", "CostModelError", "DeviceMemoryError",
+    "FEATURE_NAMES", "FitReport", "GraphProfile", "LatencyStats", "OpSignature", "ProfileCache",
+    "ProfileError", "Profiler", "compile_graph", "fit_coefficients", "fit_from_profiles",
+    "graph_cost", "graph_features", "graph_signatures", "load_coefficients", "measure_interleaved",
+    "measure_latency", "nnls", "node_costs", "node_features", "resolve_device",
+    "save_coefficients", "time_callable",
+]

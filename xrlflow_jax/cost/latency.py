@@ -19,6 +19,23 @@ class BackendError(XrlflowError):
   """A requested JAX backend (cpu, gpu, ...) is not present."""
 
 
+class DeviceMemoryError(XrlflowError):
+  """A graph (its weights, inputs or temporaries) does not fit in the device's memory."""
+
+
+def _is_out_of_memory(e: Exception) -> bool:
+  text = str(e)
+  return any(s in text for s in ("RESOURCE_EXHAUSTED", "Out of memory", "out of memory",
+                                 "Failed to allocate", "failed to allocate"))
+
+
+def _memory_error(e: Exception, what: str, device: jax.Device, nbytes: int) -> DeviceMemoryError:
+  first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+  return DeviceMemoryError(f"{what} does not fit in the memory of {device.device_kind} "
+                           f"({device.platform}): weights {nbytes / 1e6:.1f} MB; XLA said: "
+                           f"{first[:300]}")
+
+
 @dataclasses.dataclass(frozen=True)
 class LatencyStats:
   """Latency of one compiled graph, in milliseconds.
@@ -56,6 +73,13 @@ def time_callable(fn: Any, args: Sequence[Any], *, warmup: int = 3, repeats: int
   """Wall times in ms of `fn(*args)` with `block_until_ready` on every run (compile excluded)."""
   for _ in range(max(warmup, 1)):
     jax.block_until_ready(fn(*args))
+  return _timed_runs(fn, args, repeats, min_time_s)
+
+
+def _timed_runs(fn: Any, args: Sequence[Any], repeats: int, min_time_s: float) -> np.ndarray:
+  """Wall times in ms of `repeats` runs (at least `min_time_s` seconds) of a warm function."""
+  if repeats < 1 and min_time_s <= 0:
+    raise XrlflowError(f"need repeats >= 1 or min_time_s > 0 (got {repeats}, {min_time_s})")
   times = []
   start_all = time.perf_counter()
   while len(times) < repeats or time.perf_counter() - start_all < min_time_s:
@@ -68,6 +92,65 @@ def time_callable(fn: Any, args: Sequence[Any], *, warmup: int = 3, repeats: int
   return out
 
 
+@dataclasses.dataclass(frozen=True)
+class CompiledGraph:
+  """A graph compiled for one device with its operands in place: `fn(*args)` runs it.
+
+  Attributes:
+    fn: the XLA executable; args: folded constants then fixed random inputs, on the device.
+    compile_s: lowering + compile time; device: where it runs; nbytes: bytes of `args`.
+  """
+  fn: Any
+  args: tuple[Any, ...]
+  compile_s: float
+  device: jax.Device
+  nbytes: int
+
+
+def compile_graph(graph: layout.Graph, params: ParamStore, *, backend: str | None = None,
+                  device: jax.Device | None = None, seed: int = 0,
+                  what: str = "the graph") -> CompiledGraph:
+  """Lowers (validating the graph), places operands on the device and compiles ahead of time.
+
+  Raises:
+    GraphValidationError (and its subclasses): the graph is invalid.
+    BackendError: `backend` is not present. DeviceMemoryError: it does not fit on the device.
+  """
+  device = device or resolve_device(backend)
+  t0 = time.perf_counter()
+  lowered = executor.lower(graph, params)
+  nbytes = int(sum(np.asarray(c).nbytes for c in lowered.consts))
+  try:
+    inputs = [jax.device_put(x, device)
+              for x in lowered.check_inputs(lowered.random_inputs(seed))]
+    consts = jax.device_put(lowered.consts, device)
+    compiled = jax.jit(lowered.apply).lower(consts, *inputs).compile()
+  except Exception as e:  # pylint: disable=broad-except
+    if _is_out_of_memory(e):
+      raise _memory_error(e, what, device, nbytes) from None
+    raise
+  return CompiledGraph(compiled, (consts, *inputs), time.perf_counter() - t0, device, nbytes)
+
+
+def _stats(times: np.ndarray, compiled: CompiledGraph) -> LatencyStats:
+  q1, med, q3 = np.percentile(times, [25, 50, 75])
+  return LatencyStats(float(med), float(q1), float(q3), int(times.size), compiled.compile_s,
+                      compiled.device.platform, compiled.device.device_kind)
+
+
+def _time_compiled(compiled: CompiledGraph, what: str, *, warmup: int, repeats: int,
+                   min_time_s: float = 0.0) -> np.ndarray:
+  try:
+    if warmup:
+      return time_callable(compiled.fn, compiled.args, warmup=warmup, repeats=repeats,
+                           min_time_s=min_time_s)
+    return _timed_runs(compiled.fn, compiled.args, repeats, min_time_s)
+  except Exception as e:  # pylint: disable=broad-except
+    if _is_out_of_memory(e):
+      raise _memory_error(e, what, compiled.device, compiled.nbytes) from None
+    raise
+
+
 def measure_latency(graph: layout.Graph, params: ParamStore, *, warmup: int = 3,
                     repeats: int = 20, backend: str | None = None, seed: int = 0,
                     min_time_s: float = 0.0) -> LatencyStats:
@@ -77,15 +160,30 @@ def measure_latency(graph: layout.Graph, params: ParamStore, *, warmup: int = 3,
   feeds fixed random inputs, and times `repeats` runs (at least `min_time_s` seconds) with
   `block_until_ready` after each.
   """
-  device = resolve_device(backend)
-  t0 = time.perf_counter()
-  lowered = executor.lower(graph, params)
-  inputs = [jax.device_put(x, device) for x in lowered.check_inputs(lowered.random_inputs(seed))]
-  consts = jax.device_put(lowered.consts, device)
-  compiled = jax.jit(lowered.apply).lower(consts, *inputs).compile()
-  compile_s = time.perf_counter() - t0
-  times = time_callable(compiled, (consts, *inputs), warmup=warmup, repeats=repeats,
-                        min_time_s=min_time_s)
-  q1, med, q3 = np.percentile(times, [25, 50, 75])
-  return LatencyStats(float(med), float(q1), float(q3), int(times.size), compile_s,
-                      device.platform, device.device_kind)
+  compiled = compile_graph(graph, params, backend=backend, seed=seed)
+  times = _time_compiled(compiled, "the graph", warmup=warmup, repeats=repeats,
+                         min_time_s=min_time_s)
+  return _stats(times, compiled)
+
+
+def measure_interleaved(compiled: Sequence[CompiledGraph], *, rounds: int = 10,
+                        repeats_per_round: int = 3, warmup: int = 2, seed: int = 0,
+                        min_round_time_s: float = 0.0) -> list[LatencyStats]:
+  """Latencies of several compiled graphs measured side by side.
+
+  Each round times every graph `repeats_per_round` times, in a fresh random order, so drift in
+  the machine's load (other processes, frequency changes) spreads over all graphs instead of
+  biasing whichever was measured last. Statistics pool all rounds (runs = rounds x repeats).
+  """
+  if not compiled:
+    return []
+  rng = np.random.default_rng(seed)
+  for c in compiled:
+    _time_compiled(c, "a graph", warmup=warmup, repeats=1)
+  times: list[list[float]] = [[] for _ in compiled]
+  for _ in range(max(rounds, 1)):
+    for i in rng.permutation(len(compiled)):
+      t = _time_compiled(compiled[i], f"graph {i}", warmup=0, repeats=repeats_per_round,
+                         min_time_s=min_round_time_s)
+      times[i].extend(t.tolist())
+  return [_stats(np.asarray(t), c) for t, c in zip(times, compiled)]

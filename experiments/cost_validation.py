@@ -1,0 +1,102 @@
+r"""Validates the in-graph cost model against measured XLA latency on rewritten variants.
+
+For each model: random variants from random valid rewrite sequences of the built-in rules, and
+one-step neighbours of the original, all measured end to end side by side with the original and
+costed by the model; reports Spearman rank correlation and sign accuracy (see
+`xrlflow_jax.cost.validate`).
+
+    python -m experiments.cost_validation                          # a few minutes: two tiny models
+    python -m experiments.cost_validation --models=all --size=tiny --out=/tmp/validation.json
+    python -m experiments.cost_validation --models=squeezenet1_1,nasrnn --size=default
+    python -m experiments.cost_validation --models= --onnx         # ../shared/models files
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+from pathlib import Path
+
+import jax
+from absl import app, flags
+
+from xrlflow_jax import models
+from xrlflow_jax.cost import fit as fit_lib
+from xrlflow_jax.cost import latency
+from xrlflow_jax.cost import model as cost_model
+from xrlflow_jax.cost import validate
+from xrlflow_jax.cost.profiler import ProfileCache
+from xrlflow_jax.cost.variants import RewriteWalker, load_model
+
+_MODELS = flags.DEFINE_list("models", ["bert", "resnet18"], "Zoo models, or 'all'.")
+_SIZE = flags.DEFINE_enum("size", "tiny", list(models.SIZES), "Zoo model size.")
+_ONNX = flags.DEFINE_bool("onnx", False, "Also validate every ../shared/models/*.onnx file.")
+_ONNX_DIR = flags.DEFINE_string(
+    "onnx_dir", str(Path(__file__).resolve().parents[1].parent / "shared" / "models"),
+    "Folder of ONNX models for --onnx.")
+_VARIANTS = flags.DEFINE_integer("variants", 30, "Random-walk variants per model.")
+_NEIGHBOURS = flags.DEFINE_integer("neighbours", 15, "One-step neighbours per model.")
+_MAX_STEPS = flags.DEFINE_integer("max_steps", 8, "Longest random rewrite sequence.")
+_ROUNDS = flags.DEFINE_integer("rounds", 10, "Interleaved timing rounds.")
+_REPEATS = flags.DEFINE_integer("repeats", 3, "Least timed runs per graph per round.")
+_MIN_ROUND_MS = flags.DEFINE_float("min_round_ms", 30.0,
+                                   "Timed runs per graph per round are raised to last this long.")
+_SEED = flags.DEFINE_integer("seed", 0, "Seed of the rewrite sequences.")
+_COEFFS = flags.DEFINE_string("coeffs", None, "Coefficients JSON (default: the shipped ones).")
+_BACKEND = flags.DEFINE_string("backend", None, "JAX platform (default: JAX's default).")
+_OUT = flags.DEFINE_string("out", None, "Write every measurement as JSON here.")
+_FIT_CACHE = flags.DEFINE_string(
+    "fit_cache", None, "A profile cache folder the coefficients were fitted from: variants it "
+    "measured side by side are excluded, so the validation is held out.")
+
+
+def machine_description(backend: str | None) -> str:
+  """e.g. 'cpu backend (cpu), 2 cores, jax 0.10.2'."""
+  import os  # pylint: disable=g-import-not-at-top
+  device = latency.resolve_device(backend)
+  return (f"{device.platform} backend ({device.device_kind}), {os.cpu_count()} CPU cores, "
+          f"{platform.machine()}, jax {jax.__version__}")
+
+
+def main(argv: list[str]) -> None:
+  del argv
+  device = latency.resolve_device(_BACKEND.value)
+  coeffs = cost_model.load_coefficients(device.device_kind, _COEFFS.value)
+  names = models.list_models() if _MODELS.value == ["all"] else list(_MODELS.value)
+  sources = [(n, _SIZE.value) for n in names]
+  if _ONNX.value:
+    sources += [(str(p), "default") for p in sorted(Path(_ONNX_DIR.value).glob("*.onnx"))]
+  exclude: set[str] = set()
+  if _FIT_CACHE.value:
+    cache = ProfileCache(_FIT_CACHE.value, device.device_kind)
+    exclude = {k.split("|")[2] for k in cache.entries if k.startswith(fit_lib.PAIR_PREFIX)}
+    print(f"excluding {len(exclude)} graphs the fit measured")
+  walkers: dict[tuple[int, int], RewriteWalker] = {}
+  results = []
+  for spec, size in sources:
+    graph, params, name = load_model(spec, size)
+    key = tuple(graph.senders.shape) + tuple(graph.nodes["op"].shape)
+    if key not in walkers:  # one compiled matcher per capacity
+      walkers[key] = RewriteWalker()
+    res = validate.validate_model(graph, params, coeffs, name=name, walker=walkers[key],
+                                  variants=_VARIANTS.value, neighbours=_NEIGHBOURS.value,
+                                  max_steps=_MAX_STEPS.value, seed=_SEED.value,
+                                  rounds=_ROUNDS.value, repeats_per_round=_REPEATS.value,
+                                  min_round_ms=_MIN_ROUND_MS.value, backend=_BACKEND.value,
+                                  exclude=exclude)
+    results.append(res)
+    print(f"{name}: Spearman {res.spearman_all:.3f} (walks {res.spearman_walks:.3f}), sign "
+          f"accuracy {res.sign_accuracy:.2f} over {res.sign_pairs} pairs, spread "
+          f"{res.latency_spread:.2f}x, control deviation {100 * res.control_dev:.1f}%, "
+          f"{res.seconds:.0f}s", flush=True)
+  print()
+  print(validate.markdown(results, machine_description(_BACKEND.value)))
+  if _OUT.value:
+    Path(_OUT.value).write_text(json.dumps(
+        {"machine": machine_description(_BACKEND.value), "coefficients": coeffs.to_json(),
+         "models": [r.to_json() for r in results]}, indent=1, default=str))
+    print(f"wrote {_OUT.value}")
+
+
+if __name__ == "__main__":
+  app.run(main)

@@ -1,0 +1,330 @@
+"""Tests of the cost package: the in-graph cost model, the profiler and its cache, fitting, the
+validation statistics, bad input and the CLI. Fast only (no rewrite-engine compile)."""
+
+from __future__ import annotations
+
+import json
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from xrlflow_jax import errors, models
+from xrlflow_jax import graph as G
+from xrlflow_jax.cost import __main__ as cli
+from xrlflow_jax.cost import fit as fit_lib
+from xrlflow_jax.cost import latency
+from xrlflow_jax.cost import model as M
+from xrlflow_jax.cost import profiler as P
+from xrlflow_jax.cost import validate as V
+from xrlflow_jax.graph import layout
+
+
+# Every test graph has this capacity, and the jitted functions are shared, so the cost model
+# compiles only a few times (XLA:CPU compiles of the features take seconds on a small machine).
+CAP = 32
+
+
+@jax.jit
+@chex.assert_max_traces(n=1)
+def _graph_cost(graph, coeffs):
+  return M.graph_cost(graph, coeffs)
+
+
+_node_costs = jax.jit(M.node_costs)
+
+
+def _coeffs(epilogue_fusion: bool = False, weights=None) -> M.CostCoefficients:
+  """Round-number coefficients, every feature positive (tests of structure, not of the fit)."""
+  w = np.full([M.NUM_FEATURES], 0.01, np.float32) if weights is None else weights
+  return M.CostCoefficients(jnp.asarray(w, jnp.float32), jnp.asarray(0.005, jnp.float32), "cpu",
+                            epilogue_fusion)
+
+
+def _costs(graph, coeffs):
+  return np.asarray(_node_costs(graph, coeffs))
+
+
+def _feature(graph, name: str) -> np.ndarray:
+  """float[N]: one feature of every node (node costs under a one-hot weight vector)."""
+  onehot = np.zeros([M.NUM_FEATURES], np.float32)
+  onehot[list(M.FEATURE_NAMES).index(name)] = 1.0
+  return _costs(graph, _coeffs(weights=onehot))
+
+
+def _mlp(capacity: int = CAP, hidden: int = 16):
+  b = G.GraphBuilder(seed=0)
+  x = b.input((4, 8))
+  w1 = b.weight((8, hidden))
+  both = b.concat([w1, b.weight((8, hidden))], axis=1)  # constant: folded at lowering
+  h = b.matmul(x, both, activation="relu")
+  b.tanh(h)  # unreachable: no output depends on it
+  y = b.softmax(b.matmul(h, b.weight((2 * hidden, 8))))
+  b.output(y)
+  graph, params = b.build(capacity)
+  return graph, params, {"x": x.index, "concat": both.index, "w1": w1.index, "h": h.index,
+                         "y": y.index}
+
+
+def test_node_costs_shape_and_zeros():
+  graph, _, idx = _mlp()
+  costs = _costs(graph, _coeffs())
+  n_alive = G.num_nodes(graph)
+  assert costs.shape == (CAP,) and costs.dtype == np.float32
+  assert (costs[n_alive:] == 0).all()  # dead slots
+  assert costs[idx["x"]] == 0 and costs[idx["w1"]] == 0  # Input and Constant
+  assert graph.nodes["is_constant"][idx["concat"]] and costs[idx["concat"]] == 0
+  assert costs[idx["h"] + 1] == 0  # the unreachable tanh
+  assert costs[idx["h"]] > 0 and costs[idx["y"]] > 0
+  total = float(_graph_cost(graph, _coeffs()))
+  assert total == pytest.approx(0.005 + costs.sum(), rel=1e-5)
+
+
+def test_jit_vmap_and_no_retrace_within_a_capacity():
+  # _graph_cost is wrapped in chex.assert_max_traces(n=1): every graph of every test (one
+  # capacity) and every coefficient set share one trace.
+  g1, _, _ = _mlp(hidden=16)
+  g2, _, _ = _mlp(hidden=64)
+  coeffs = _coeffs()
+  c1, c2 = float(_graph_cost(g1, coeffs)), float(_graph_cost(g2, coeffs))
+  assert c2 > c1  # wider hidden layer
+  assert float(_graph_cost(g1, _coeffs(weights=np.full([M.NUM_FEATURES], 0.02)))) > c1
+  batch = jax.tree_util.tree_map(lambda a, b: jnp.stack([a, b]), g1, g2)
+  batched = np.asarray(jax.jit(jax.vmap(M.graph_cost, in_axes=(0, None)))(batch, coeffs))
+  np.testing.assert_allclose(batched, [c1, c2], rtol=1e-5)
+
+
+def _elementwise_after(producer: str, capacity: int = CAP):
+  """x[64, 256] -> producer -> relu (output); returns (graph, relu slot)."""
+  b = G.GraphBuilder(seed=0)
+  x = b.input((64, 256))
+  if producer == "input":
+    y = x
+  elif producer == "tanh":
+    y = b.tanh(x)
+  elif producer == "matmul":
+    y = b.matmul(x, b.weight((256, 256)))
+  elif producer == "matmul_act":
+    y = b.matmul(x, b.weight((256, 256)), activation="tanh")
+  else:
+    raise ValueError(producer)
+  r = b.relu(y)
+  b.output(r)
+  graph, _ = b.build(capacity)
+  return graph, r.index
+
+
+def test_fusion_awareness():
+  cpu = _coeffs()
+  standalone = _costs(*_elementwise_after("input")[:1], cpu)[_elementwise_after("input")[1]]
+  for producer in ("tanh", "matmul_act"):  # fusible producers on XLA:CPU
+    graph, relu = _elementwise_after(producer)
+    assert _costs(graph, cpu)[relu] < standalone, producer
+  # XLA:CPU does not fuse into a dot: the relu starts its own loop fusion.
+  graph, relu = _elementwise_after("matmul")
+  assert _costs(graph, cpu)[relu] == pytest.approx(standalone)
+  # A backend with GEMM epilogue fusion folds it into the matmul.
+  gpu = _coeffs(epilogue_fusion=True)
+  standalone_gpu = _costs(_elementwise_after("input")[0], gpu)[_elementwise_after("input")[1]]
+  assert _costs(graph, gpu)[relu] < standalone_gpu
+  # Features: a fused op launches nothing and reads nothing of its producer.
+  graph, relu = _elementwise_after("tanh")
+  launch, mb = _feature(graph, "loop.launch"), _feature(graph, "loop.mb")
+  assert launch[relu] == 0 and launch[relu - 1] == 1  # the tanh starts the fusion
+  # The tanh reads x, its output stays in registers; the relu writes the result.
+  assert mb[relu - 1] == pytest.approx(64 * 256 * 4 / 1e6)
+  assert mb[relu] == pytest.approx(64 * 256 * 4 / 1e6)
+
+
+def test_bigger_matmul_costs_more():
+  coeffs = M.load_coefficients("cpu")
+  costs = []
+  for n in (64, 256, 1024):
+    b = G.GraphBuilder(seed=0)
+    x = b.input((n, n))
+    b.output(b.matmul(x, b.weight((n, n))))
+    costs.append(float(_graph_cost(b.build(CAP)[0], coeffs)))
+  assert costs[0] < costs[1] < costs[2]
+
+
+def _qkv_params(seq: int, hidden: int):
+  return _qkv_build(False, seq, hidden)[1]
+
+
+def _qkv(merged: bool, seq: int = 64, hidden: int = 1024):
+  return _qkv_build(merged, seq, hidden)[0]
+
+
+def _qkv_build(merged: bool, seq: int, hidden: int):
+  b = G.GraphBuilder(seed=0)
+  x = b.input((seq, hidden))
+  ws = [b.weight((hidden, hidden)) for _ in range(3)]
+  if merged:
+    big = b.matmul(x, b.concat(ws, axis=1))
+    outs = [b.slice(big, 1, i * hidden, (i + 1) * hidden) for i in range(3)]
+  else:
+    outs = [b.matmul(x, w) for w in ws]
+  heads = [b.transpose(b.reshape(o, (seq, 16, hidden // 16)), (1, 0, 2)) for o in outs]
+  b.output(*heads)
+  return b.build(CAP)
+
+
+def test_merged_qkv_costs_less_under_shipped_cpu_coefficients():
+  # Measured on the 2-core CPU at this size (BERT-default attention): merging the three
+  # projections is faster end to end (see experiments/rewrite_gains.py).
+  coeffs = M.load_coefficients("cpu")
+  assert float(_graph_cost(_qkv(True), coeffs)) < float(_graph_cost(_qkv(False), coeffs))
+
+
+def test_shipped_coefficients_and_json_roundtrip(tmp_path):
+  coeffs = M.load_coefficients("cpu")
+  assert coeffs.device_kind == "cpu" and not coeffs.epilogue_fusion
+  w = np.asarray(coeffs.weights)
+  assert w.shape == (M.NUM_FEATURES,) and (w >= 0).all() and float(coeffs.call_ms) > 0
+  path = M.save_coefficients(coeffs, tmp_path / "c.json", note="x")
+  again = M.load_coefficients("anything", path)
+  np.testing.assert_allclose(np.asarray(again.weights), w)
+  with pytest.raises(M.CostModelError, match="python -m xrlflow_jax.cost fit"):
+    M.load_coefficients("Imaginary Accelerator 9000")
+  bad = tmp_path / "bad.json"
+  bad.write_text(json.dumps({"device_kind": "cpu", "call_ms": 0.1, "weights": {"x": 1}}))
+  with pytest.raises(M.CostModelError, match="missing"):
+    M.load_coefficients("cpu", bad)
+
+
+def test_nnls_and_fit_recover_known_coefficients():
+  rng = np.random.default_rng(0)
+  a = rng.random((40, 5))
+  x_true = np.array([0.0, 2.0, 0.0, 0.5, 1.0])
+  np.testing.assert_allclose(fit_lib.nnls(a, a @ x_true), x_true, atol=1e-8)
+  x = fit_lib.nnls(a, a @ np.array([-1.0, 1, 1, 1, 1]))
+  assert (x >= 0).all()
+  feats = rng.random((200, M.NUM_FEATURES)) * (rng.random((200, M.NUM_FEATURES)) < 0.3)
+  true_w = rng.random(M.NUM_FEATURES)
+  times = 0.01 + feats @ true_w
+  coeffs, report = fit_lib.fit_coefficients(feats, times, device_kind="cpu", ridge=0.0)
+  np.testing.assert_allclose(np.asarray(coeffs.weights), true_w, rtol=1e-3, atol=1e-4)
+  assert float(coeffs.call_ms) == pytest.approx(0.01, rel=1e-3)
+  assert report.median_rel_err < 1e-4
+  with pytest.raises(M.CostModelError):
+    fit_lib.fit_coefficients(feats[:, :3], times, device_kind="cpu")
+
+
+def test_spearman():
+  assert V.spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
+  assert V.spearman([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
+  np.testing.assert_allclose(V.rankdata([3, 1, 3, 2]), [3.5, 1, 3.5, 2])
+  assert V.spearman([1, 2, 3, 4, 5], [2, 1, 4, 3, 5]) == pytest.approx(0.8)
+  assert np.isnan(V.spearman([1, 1, 1], [1, 2, 3]))
+
+
+def test_profiler_cache_second_run_measures_nothing(tmp_path, monkeypatch):
+  calls = []
+  real = latency.time_callable
+
+  def counting(*a, **k):
+    calls.append(1)
+    return real(*a, **k)
+
+  monkeypatch.setattr(latency, "time_callable", counting)
+  graph, _ = models.build("nasrnn", "tiny", capacity=256)
+  prof = P.Profiler(tmp_path, repeats=2, min_time_s=0.0, warmup=1)
+  first = prof.profile_graph(graph)
+  n_sigs = len(first.rows)
+  assert n_sigs > 3 and first.measured == n_sigs
+  assert prof.measure_count == n_sigs + 1  # and the empty call
+  assert len(calls) == n_sigs + 1  # every signature and the empty call
+  assert all(r.median_ms > 0 for r in first.rows)
+  calls.clear()
+  again = P.Profiler(tmp_path, repeats=2, min_time_s=0.0)
+  second = again.profile_graph(graph)
+  assert again.measure_count == 0 and second.measured == 0 and not calls
+  assert [r.median_ms for r in second.rows] == [r.median_ms for r in first.rows]
+  # One file per device kind and JAX version; keys round-trip to signatures.
+  assert prof.cache.path.name == f"{M.slug(prof.device.device_kind)}-jax{jax.__version__}.json"
+  for r in first.rows:
+    assert P.signature_from_key(r.signature.key) == r.signature
+  monkeypatch.setenv(P.CACHE_ENV, str(tmp_path / "env"))
+  assert P.Profiler().cache.dir == tmp_path / "env"
+
+
+def test_bad_input_gives_project_errors(tmp_path):
+  graph, params, idx = _mlp()
+  arrays = G.to_arrays(graph)
+  arrays["shape"][idx["h"], -1] += 1  # a stored shape the shape rule disagrees with
+  broken = layout.from_arrays(arrays)
+  with pytest.raises(errors.GraphValidationError, match="shape"):
+    P.Profiler(tmp_path).profile_graph(broken)
+  with pytest.raises(errors.GraphValidationError):
+    latency.measure_latency(broken, params)
+  with pytest.raises(latency.BackendError, match="not available"):
+    P.Profiler(tmp_path, backend="no_such_backend")
+  with pytest.raises(latency.BackendError):
+    latency.measure_latency(graph, params, backend="no_such_backend")
+  with pytest.raises(errors.XrlflowError, match="repeats"):
+    latency.time_callable(lambda: None, (), repeats=0)
+  times = latency.time_callable(jax.jit(lambda a: a + 1), (jnp.ones(4),), repeats=5)
+  assert times.shape == (5,) and (times > 0).all()
+  stats = latency.measure_latency(graph, params, repeats=3)
+  assert stats.median_ms > 0 and stats.compile_s > 0 and stats.runs == 3
+  oom = latency._memory_error(RuntimeError("RESOURCE_EXHAUSTED: Out of memory allocating"),
+                              "bert", jax.devices()[0], 10**9)
+  assert isinstance(oom, latency.DeviceMemoryError) and "1000.0 MB" in str(oom)
+  assert latency._is_out_of_memory(RuntimeError("RESOURCE_EXHAUSTED: x"))
+
+
+def test_measure_interleaved_orders_by_work():
+  small, params_s, _ = _mlp(hidden=16)
+  b = G.GraphBuilder(seed=0)
+  x = b.input((256, 256))
+  b.output(b.matmul(b.matmul(x, b.weight((256, 256))), b.weight((256, 256))))
+  big, params_b = b.build(CAP)
+  compiled = [latency.compile_graph(small, params_s), latency.compile_graph(big, params_b)]
+  res = latency.measure_interleaved(compiled, rounds=3, repeats_per_round=5)
+  assert [r.runs for r in res] == [15, 15]
+  assert res[0].median_ms < res[1].median_ms
+
+
+def test_cli_profile(tmp_path, capsys):
+  assert cli.main(["profile", "--model=nasrnn", "--size=tiny", f"--cache_dir={tmp_path}",
+                   "--repeats=2", "--min_time_s=0"]) == 0
+  out = capsys.readouterr().out
+  assert "MatMul" in out and "signatures" in out and "model ms" in out
+  assert " 0 measured now" not in out
+  assert cli.main(["profile", "--model=nasrnn", "--size=tiny", f"--cache_dir={tmp_path}"]) == 0
+  assert " 0 measured now" in capsys.readouterr().out
+  assert cli.main(["profile", "--model=no_such_model", f"--cache_dir={tmp_path}"]) == 2
+  assert "unknown model" in capsys.readouterr().err
+
+
+def test_measure_side_by_side_ratios():
+  # Variants share the reference's weights; a copy of the reference measures close to 1.
+  small, params, _ = _mlp(hidden=16)
+  res = V.measure_side_by_side(small, [small], params, rounds=3, min_round_ms=2.0)
+  assert res.ratio.shape == (1,) and 0.5 < res.ratio[0] < 2.0 and res.reference_ms > 0
+  assert res.latency_ms[0] == pytest.approx(res.ratio[0] * res.reference_ms)
+
+
+@pytest.mark.slow
+def test_apply_everywhere_and_walks():
+  from xrlflow_jax import executor  # pylint: disable=g-import-not-at-top
+  from xrlflow_jax.cost import gains, variants  # pylint: disable=g-import-not-at-top
+  from xrlflow_jax.rules.library import merge  # pylint: disable=g-import-not-at-top
+  walker = variants.RewriteWalker(
+      [merge.merge_matmul_shared_input(3), merge.merge_matmul_shared_input(2),
+       merge.split_matmul_shared_input()], max_locations=4)
+  graph = _qkv(False, 16, 64)
+  merged, count = gains.apply_everywhere(walker, graph, 0)
+  assert count == 1 and G.op_histogram(merged)["MatMul"] == 1
+  # The pair rule fires once too (the third matmul is left alone: one pass, no chaining).
+  pair, count2 = gains.apply_everywhere(walker, graph, 1)
+  assert count2 == 1 and G.op_histogram(pair)["MatMul"] == 2
+  params = _qkv_params(16, 64)
+  ref = executor.run(graph, params, np.ones((16, 64), np.float32))
+  for g in (merged, pair):
+    for a, b in zip(ref, executor.run(g, params, np.ones((16, 64), np.float32))):
+      np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+  g3, trail = walker.walk(graph, 3, np.random.default_rng(0))
+  assert 1 <= len(trail) <= 3 and variants.fingerprint(g3) != variants.fingerprint(graph)

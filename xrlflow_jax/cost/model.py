@@ -1,0 +1,355 @@
+"""The in-graph cost model: a pure, jittable estimate of a graph's XLA latency in milliseconds.
+
+    coeffs = load_coefficients()                 # the shipped CPU fit (or this device's refit)
+    per_node = node_costs(graph, coeffs)         # float32[N], ms
+    total = graph_cost(graph, coeffs)            # float32[], ms; jit and vmap freely
+
+Every node gets a feature vector that is linear in the coefficients (`FEATURE_NAMES`): for each
+kernel class (matmul, conv, grouped conv, norm, reduce, loop) a kernel count ("launch"), GFLOPs
+and megabytes moved, plus the megabytes written by transposes (strided writes cost more than
+streaming ones). `node_costs = features @ weights` and `graph_cost = call_ms + sum(node_costs)`,
+where `call_ms` is the fixed cost of one call of a compiled executable. Because the cost is
+linear in the coefficients, one least-squares fit serves single-op profiles and whole graphs.
+
+Fusion model (what XLA does with the graph, checked against compiled HLO on CPU):
+  * Input and Constant nodes, dead slots, nodes from which no output is reachable, and constant
+    nodes (`is_constant`: evaluated once at lowering) cost nothing.
+  * Reshape, Squeeze and Unsqueeze are bitcasts: no kernel and no traffic; fusion decisions look
+    through them (`_BITCAST_DEPTH` levels).
+  * MatMul, Conv2D, Softmax, LayerNorm, pools and reductions are kernels of their own: one
+    launch, their FLOPs, and the bytes of all inputs plus the output.
+  * Elementwise ops and cheap data movement (Transpose, Slice, Concat, Pad, Gather, Cast, Where,
+    BatchNorm) are "loop" ops. A loop op whose producer (through bitcasts) is a non-constant op
+    it can fuse into (another loop op, or the epilogue of a MatMul/Conv2D) joins that producer's
+    fusion: it costs no launch, reads nothing of that producer from memory, and writes its own
+    output only if something outside the fusion needs it in memory (a graph output, or a
+    MatMul/Conv2D consumer). Otherwise it starts a loop fusion (one launch).
+  * A MatMul with a fused activation, or a Conv2D with a bias or activation, has an epilogue.
+    On XLA:CPU the epilogue is a separate loop fusion that reads the raw result (measured: an
+    activation after a dot is not fused into it; the compiled HLO shows the dot alone in its
+    fusion). With `epilogue_fusion=True` (GPU backends that fuse bias and activation into the
+    GEMM) the epilogue and elementwise consumers join the kernel and cost only their traffic.
+  * Reductions, Softmax and LayerNorm absorb elementwise producers (XLA fuses producers into
+    reduction inputs), so they do not force those producers to be written.
+  * A MatMul or Conv2D (not grouped) that shares its first input with another one counts its
+    GFLOPs under `*.gflop_sibling` instead of `*.gflop`: XLA:CPU's runtime executes independent
+    kernels concurrently, so the three Q/K/V projections of attention overlap, and merging them
+    into one wide MatMul measured ~10% slower on the 2-core CPU, not faster. The sibling
+    coefficients can only be fitted from whole graphs (profiles time ops alone); `fit` uses
+    side-by-side ratios of rewritten variants for that.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from pathlib import Path
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from xrlflow_jax import ops
+from xrlflow_jax.errors import XrlflowError
+from xrlflow_jax.graph import layout, transforms
+from xrlflow_jax.ops import Activation, Op
+
+CLASSES = ("matmul", "conv", "gconv", "norm", "reduce", "loop")
+PER_CLASS = ("launch", "gflop", "mb")
+# GFLOPs of MatMuls and Conv2Ds that have a sibling (another MatMul/Conv2D reading the same
+# tensor): XLA:CPU runs independent kernels concurrently, so siblings overlap and a group of
+# them runs faster than one merged kernel of the same size (measured on the 2-core CPU).
+SIBLING = ("matmul.gflop_sibling", "conv.gflop_sibling")
+FEATURE_NAMES = (tuple(f"{c}.{p}" for c in CLASSES for p in PER_CLASS) + ("transpose.mb",)
+                 + SIBLING)
+NUM_FEATURES = len(FEATURE_NAMES)
+
+_MATMUL, _CONV, _GCONV, _NORM, _REDUCE, _LOOP = range(len(CLASSES))
+_SOURCE, _BITCAST = len(CLASSES), len(CLASSES) + 1  # cost nothing
+_BITCAST_DEPTH = 4
+_ACT_FLOPS = np.zeros([len(Activation)], np.float32)
+_ACT_FLOPS[[Activation.RELU, Activation.SIGMOID, Activation.TANH, Activation.GELU]] = [1, 4, 4, 8]
+
+DATA_DIR = Path(__file__).resolve().parents[1] / "data"
+COEFFS_ENV = "XRLFLOW_COST_COEFFS"  # a JSON file of coefficients to use instead of the shipped one
+
+
+class CostModelError(XrlflowError):
+  """Coefficients that are missing, malformed, or for another device; a fit that cannot run."""
+
+
+def _op_class_table() -> np.ndarray:
+  """int32[num_ops]: the base class of every op code (Conv2D is refined by its groups)."""
+  table = np.full([len(Op)], _LOOP, np.int32)
+  table[[Op.INPUT, Op.CONSTANT]] = _SOURCE
+  table[[Op.RESHAPE, Op.SQUEEZE, Op.UNSQUEEZE]] = _BITCAST
+  table[Op.MATMUL] = _MATMUL
+  table[Op.CONV2D] = _CONV
+  table[[Op.SOFTMAX, Op.LAYER_NORM]] = _NORM
+  table[[Op.MAX_POOL, Op.AVG_POOL, Op.GLOBAL_AVG_POOL, Op.REDUCE_MEAN, Op.REDUCE_SUM]] = _REDUCE
+  return table
+
+
+OP_CLASS = _op_class_table()
+_CONV_GROUPS = ops.get(Op.CONV2D).attr_offsets()["groups"][0]
+_CONV_ACT = ops.get(Op.CONV2D).attr_offsets()["activation"][0]
+_MATMUL_ACT = ops.get(Op.MATMUL).attr_offsets()["activation"][0]
+
+
+def op_class_name(op: int, attrs: Sequence[int] | None = None) -> str:
+  """The cost class of an op code ("matmul", ..., "loop", "source" or "bitcast")."""
+  c = int(OP_CLASS[int(op)])
+  if c == _CONV and attrs is not None and int(attrs[_CONV_GROUPS]) > 1:
+    c = _GCONV
+  return (CLASSES + ("source", "bitcast"))[c]
+
+
+# ----------------------------------------------------------------------------------------------
+# Coefficients
+# ----------------------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class CostCoefficients:
+  """Coefficients of the cost model for one device kind (a pytree: jit and vmap see arrays).
+
+  Attributes:
+    weights: float32[F], ms per unit of each feature of `FEATURE_NAMES` (launch: ms per kernel;
+      gflop: ms per GFLOP; mb: ms per megabyte moved). Non-negative.
+    call_ms: float32[], fixed cost of one call of a compiled executable.
+    device_kind: what the coefficients were fitted on (e.g. "cpu", "NVIDIA H200"); static.
+    epilogue_fusion: whether the backend fuses bias/activation epilogues and elementwise
+      consumers into MatMul/Conv2D kernels (static; False for XLA:CPU).
+  """
+  weights: Any
+  call_ms: Any
+  device_kind: str = "cpu"
+  epilogue_fusion: bool = False
+
+  def named(self) -> dict[str, float]:
+    """{feature name: weight} (host)."""
+    return {n: float(w) for n, w in zip(FEATURE_NAMES, np.asarray(self.weights))}
+
+  def to_json(self, **extra: Any) -> dict[str, Any]:
+    """A JSON-able dict (weights by name), with `extra` fields (fit statistics) added."""
+    return {"device_kind": self.device_kind, "epilogue_fusion": bool(self.epilogue_fusion),
+            "units": "ms per launch / per GFLOP / per MB", "call_ms": float(self.call_ms),
+            "weights": self.named(), **extra}
+
+  @classmethod
+  def from_json(cls, data: dict[str, Any], where: str = "coefficients") -> "CostCoefficients":
+    """Inverse of `to_json`; CostModelError names a missing or unknown feature."""
+    try:
+      named = data["weights"]
+      missing = [n for n in FEATURE_NAMES if n not in named]
+      unknown = [n for n in named if n not in FEATURE_NAMES]
+      if missing or unknown:
+        raise CostModelError(f"{where}: features missing {missing}, unknown {unknown}; expected "
+                             f"{list(FEATURE_NAMES)}")
+      weights = np.asarray([float(named[n]) for n in FEATURE_NAMES], np.float32)
+      if (weights < 0).any() or not np.isfinite(weights).all():
+        raise CostModelError(f"{where}: weights must be finite and >= 0, got {named}")
+      return cls(jnp.asarray(weights), jnp.asarray(float(data["call_ms"]), jnp.float32),
+                 str(data["device_kind"]), bool(data.get("epilogue_fusion", False)))
+    except (KeyError, TypeError, ValueError) as e:
+      raise CostModelError(f"{where}: malformed coefficients ({type(e).__name__}: {e})") from None
+
+
+jax.tree_util.register_dataclass(CostCoefficients, data_fields=["weights", "call_ms"],
+                                 meta_fields=["device_kind", "epilogue_fusion"])
+
+
+def coefficients_path(device_kind: str) -> Path:
+  """Where the package keeps coefficients for `device_kind` (data/cost_<slug>.json)."""
+  return DATA_DIR / f"cost_{slug(device_kind)}.json"
+
+
+def slug(text: str) -> str:
+  """A file-name-safe form of a device kind: 'NVIDIA H200' -> 'nvidia_h200'."""
+  return "".join(ch if ch.isalnum() else "_" for ch in text.strip().lower()) or "unknown"
+
+
+def save_coefficients(coeffs: CostCoefficients, path: str | os.PathLike[str],
+                      **extra: Any) -> Path:
+  """Writes `coeffs` (and fit statistics in `extra`) as JSON; returns the path."""
+  path = Path(path)
+  path.parent.mkdir(parents=True, exist_ok=True)
+  tmp = path.with_suffix(path.suffix + f".tmp{os.getpid()}")
+  tmp.write_text(json.dumps(coeffs.to_json(**extra), indent=2, sort_keys=False) + "\n")
+  os.replace(tmp, path)
+  return path
+
+
+def load_coefficients(device_kind: str | None = None,
+                      path: str | os.PathLike[str] | None = None) -> CostCoefficients:
+  """Coefficients for a device kind.
+
+  Args:
+    device_kind: e.g. "cpu" or "NVIDIA H200"; default the kind of JAX's default device.
+    path: a JSON file to read instead (default: $XRLFLOW_COST_COEFFS if set, else the file the
+      package ships for that device kind, `data/cost_<slug>.json`).
+  Raises:
+    CostModelError: no coefficients for that device kind (the message says how to fit them:
+      `python -m xrlflow_jax.cost fit`), or a malformed file.
+  """
+  if device_kind is None:
+    device_kind = jax.devices()[0].device_kind
+  if path is None and os.environ.get(COEFFS_ENV):
+    path = os.environ[COEFFS_ENV]
+  file = Path(path) if path is not None else coefficients_path(device_kind)
+  if not file.is_file():
+    shipped = sorted(p.name for p in DATA_DIR.glob("cost_*.json")) if DATA_DIR.is_dir() else []
+    raise CostModelError(
+        f"no cost-model coefficients for device kind {device_kind!r} (looked for {file}; the "
+        f"package ships {shipped}); fit them on this device with `python -m xrlflow_jax.cost "
+        f"fit --out={file}`")
+  try:
+    data = json.loads(file.read_text())
+  except (OSError, json.JSONDecodeError) as e:
+    raise CostModelError(f"{file}: cannot read coefficients ({e})") from None
+  return CostCoefficients.from_json(data, where=str(file))
+
+
+# ----------------------------------------------------------------------------------------------
+# Features (jittable)
+# ----------------------------------------------------------------------------------------------
+
+def node_features(graph: layout.Graph, epilogue_fusion: bool = False) -> jax.Array:
+  """float32[N, F]: the cost features of every node slot (see the module docstring).
+
+  Pure and jittable; vmap it over a batch of graphs of one capacity. Rows of dead slots,
+  unreachable nodes, sources and constant nodes are zero.
+  """
+  nd = graph.nodes
+  n = nd["op"].shape[-1]
+  op = nd["op"]
+  attrs = nd["attrs"]
+  table = layout.input_table(graph)  # [N, K]
+  k = table.shape[-1]
+  valid = table >= 0
+  safe = jnp.maximum(table, 0)
+
+  cls = jnp.asarray(OP_CLASS)[op]
+  cls = jnp.where((cls == _CONV) & (attrs[:, _CONV_GROUPS] > 1), _GCONV, cls)
+  live = transforms.live_nodes(graph)
+  active = live & ~nd["is_constant"] & (cls != _SOURCE)
+  is_bitcast = active & (cls == _BITCAST)
+  is_loop = active & (cls == _LOOP)
+  is_mm = active & (cls == _MATMUL)
+  is_conv = active & ((cls == _CONV) | (cls == _GCONV))
+
+  numel = jnp.prod(nd["shape"].astype(jnp.float32), axis=-1)
+  out_mb = numel * ops.dtype_size(jnp, nd["dtype"]).astype(jnp.float32) / 1e6
+  in_mb = jnp.where(valid, out_mb[safe], 0.0)  # [N, K]
+
+  # Producers seen through bitcast chains.
+  first_input = safe[:, 0]
+  def resolve(ids):
+    for _ in range(_BITCAST_DEPTH):
+      ids = jnp.where(is_bitcast[ids], first_input[ids], ids)
+    return ids
+  src = resolve(safe)  # [N, K]
+
+  act = jnp.where(is_mm, attrs[:, _MATMUL_ACT], jnp.where(is_conv, attrs[:, _CONV_ACT], 0))
+  act = jnp.clip(act, 0, len(Activation) - 1)
+  n_in = valid.sum(-1)
+  has_bias = is_conv & (n_in >= 3)
+  epilogue = (is_mm | is_conv) & ((act != 0) | has_bias)
+  heavy_fuses = (is_mm | is_conv) if epilogue_fusion else epilogue
+  loop_out = is_loop | heavy_fuses  # consumers can join the fusion that produces this output
+  # Constants (and sources) are read from memory; fused inputs come from a loop producer.
+  fused_in = valid & is_loop[:, None] & loop_out[src]
+
+  # Which outputs must be written to memory: graph outputs (through bitcasts) and inputs of
+  # MatMul/Conv2D, which read their operands from memory.
+  force = valid & (is_mm | is_conv)[:, None]
+  need = jax.ops.segment_max(force.reshape(-1).astype(jnp.int32),
+                             jnp.where(force, src, n).reshape(-1), num_segments=n + 1)[:n] > 0
+  out_node = nd["alive"] & nd["is_output"]
+  self_ids = resolve(jnp.arange(n, dtype=jnp.int32))
+  need_out = jax.ops.segment_max(out_node.astype(jnp.int32), jnp.where(out_node, self_ids, n),
+                                 num_segments=n + 1)[:n] > 0
+  materialise = need | need_out
+
+  gflop = jnp.where(active, _flops_all(graph), 0.0) / 1e9
+  # Siblings: MatMul/Conv2D nodes whose first input (through bitcasts) feeds another of them.
+  mmconv = is_mm | (active & (cls == _CONV))
+  first_src = jnp.where(mmconv & valid[:, 0], src[:, 0], n)
+  readers = jax.ops.segment_sum(mmconv.astype(jnp.int32), first_src, num_segments=n + 1)
+  sibling = mmconv & (readers[first_src] >= 2)
+
+  # Loop nodes.
+  partial_read = (op == Op.SLICE) | (op == Op.GATHER)
+  read_mb = jnp.where(partial_read[:, None], jnp.minimum(in_mb, out_mb[:, None]), in_mb)
+  loop_read = jnp.sum(jnp.where(valid & ~fused_in, read_mb, 0.0), axis=-1)
+  loop_launch = is_loop & ~jnp.any(fused_in, axis=-1)
+  loop_mb = jnp.where(is_loop, loop_read + out_mb * materialise, 0.0)
+  loop_gflop = jnp.where(is_loop, gflop, 0.0)
+  transpose_mb = jnp.where(is_loop & (op == Op.TRANSPOSE), out_mb, 0.0)
+
+  # Kernels; a Conv2D bias is read by the epilogue.
+  heavy = active & ~is_loop & ~is_bitcast
+  kernel_in = jnp.where(has_bias[:, None] & (jnp.arange(k) == 2)[None, :], 0.0, in_mb)
+  heavy_mb = jnp.where(heavy, kernel_in.sum(-1) + out_mb, 0.0)
+  bias_mb = jnp.where(has_bias, in_mb[:, jnp.minimum(2, k - 1)], 0.0)
+  epi_gflop = jnp.asarray(_ACT_FLOPS)[act] * numel / 1e9 + jnp.where(has_bias, numel / 1e9, 0.0)
+  if epilogue_fusion:
+    epi_launch = jnp.zeros_like(epilogue)
+    epi_mb = jnp.where(epilogue, bias_mb, 0.0)
+  else:
+    epi_launch = epilogue
+    epi_mb = jnp.where(epilogue, out_mb + bias_mb + out_mb * materialise, 0.0)
+  loop_launch = loop_launch | epi_launch
+  loop_mb = loop_mb + epi_mb
+  loop_gflop = loop_gflop + jnp.where(epilogue, epi_gflop, 0.0)
+
+  cols = []
+  for c in range(len(CLASSES)):
+    if c == _LOOP:
+      cols += [loop_launch.astype(jnp.float32), loop_gflop, loop_mb]
+    else:
+      in_c = heavy & (cls == c)
+      cols += [in_c.astype(jnp.float32), jnp.where(in_c & ~sibling, gflop, 0.0),
+               jnp.where(in_c, heavy_mb, 0.0)]
+  cols.append(transpose_mb)
+  cols.append(jnp.where(sibling & (cls == _MATMUL), gflop, 0.0))
+  cols.append(jnp.where(sibling & (cls == _CONV), gflop, 0.0))
+  return jnp.stack(cols, axis=-1).astype(jnp.float32)
+
+
+def _flops_all(graph: layout.Graph) -> jax.Array:
+  """float32[N]: FLOPs of every node slot from its op, input shapes and attributes."""
+  nd = graph.nodes
+  table = layout.input_table(graph)
+  safe = jnp.maximum(table, 0)
+  valid = table >= 0
+  k = table.shape[-1]
+  in_shapes = jnp.where(valid[..., None], nd["shape"][safe], 1)  # [N, K, R]
+  in_ranks = jnp.where(valid, nd["rank"][safe], 0)  # [N, K]
+  if k < 3:
+    pad = 3 - k
+    in_shapes = jnp.pad(in_shapes, ((0, 0), (0, pad), (0, 0)), constant_values=1)
+    in_ranks = jnp.pad(in_ranks, ((0, 0), (0, pad)))
+  return jax.vmap(ops.flops_jit)(nd["op"], in_shapes, in_ranks, nd["shape"], nd["attrs"])
+
+
+# ----------------------------------------------------------------------------------------------
+# Costs (jittable)
+# ----------------------------------------------------------------------------------------------
+
+def node_costs(graph: layout.Graph, coeffs: CostCoefficients) -> jax.Array:
+  """float32[N]: the modelled cost in ms of every node slot (0 for dead, constant, source and
+  unreachable nodes, and for bitcasts). Pure; jit and vmap it (no retrace within a capacity)."""
+  feats = node_features(graph, coeffs.epilogue_fusion)
+  return feats @ jnp.asarray(coeffs.weights, jnp.float32)
+
+
+def graph_cost(graph: layout.Graph, coeffs: CostCoefficients) -> jax.Array:
+  """float32[]: modelled latency in ms, `call_ms + sum(node_costs)`. Pure and jittable."""
+  return jnp.asarray(coeffs.call_ms, jnp.float32) + jnp.sum(node_costs(graph, coeffs))
+
+
+def graph_features(graph: layout.Graph, epilogue_fusion: bool = False) -> jax.Array:
+  """float32[F]: the features of the whole graph (sum over nodes); cost = call + w . f."""
+  return jnp.sum(node_features(graph, epilogue_fusion), axis=0)

@@ -1,0 +1,341 @@
+"""The per-op profiler: every distinct op signature of a graph compiled alone with XLA and timed.
+
+A signature is what decides an op's run time: op, attribute vector, input shapes and dtypes.
+Each one becomes a single-op graph (every operand a graph input, so nothing is folded), lowered
+with the executor, compiled with `jit` (compile excluded from timing), fed fixed random inputs
+and timed with `time_callable`. Results are cached on disk as JSON, one file per device kind and
+JAX version, keyed by signature, so a second run of the same model measures nothing new.
+
+    prof = Profiler()                            # cache: $XRLFLOW_PROFILE_CACHE or
+    result = prof.profile_graph(graph)           #   ~/.cache/xrlflow_jax/profiles
+    print(result.table())
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+import jax
+import numpy as np
+
+from xrlflow_jax import executor, ops
+from xrlflow_jax.cost import latency
+from xrlflow_jax.cost import model as cost_model
+from xrlflow_jax.errors import XrlflowError
+from xrlflow_jax.graph import GraphBuilder, host, layout, transforms
+from xrlflow_jax.ops import DType, Op
+
+CACHE_ENV = "XRLFLOW_PROFILE_CACHE"
+DEFAULT_CACHE_DIR = Path("~/.cache/xrlflow_jax/profiles")
+SINGLE_OP_CAPACITY = 8  # single-op graphs: up to 7 operands + the op
+CALL_KEY = "__call__"  # the cache entry of an empty call (the fixed cost of one dispatch)
+
+
+class ProfileError(XrlflowError):
+  """A signature that cannot be profiled, or a cache file that cannot be read or written."""
+
+
+def default_cache_dir() -> Path:
+  """$XRLFLOW_PROFILE_CACHE if set, else ~/.cache/xrlflow_jax/profiles."""
+  return Path(os.environ.get(CACHE_ENV) or DEFAULT_CACHE_DIR).expanduser()
+
+
+@dataclasses.dataclass(frozen=True)
+class OpSignature:
+  """What an op's run time depends on: op name, attribute vector, input shapes and dtypes."""
+  op: str
+  attrs: tuple[int, ...]
+  in_shapes: tuple[tuple[int, ...], ...]
+  in_dtypes: tuple[str, ...]
+
+  @property
+  def key(self) -> str:
+    """A stable text key, e.g. 'MatMul|0,0,...|64x64;64x256|float32;float32'."""
+    shapes = ";".join("x".join(str(d) for d in s) or "scalar" for s in self.in_shapes)
+    return (f"{self.op}|{','.join(str(a) for a in self.attrs)}|{shapes}|"
+            f"{';'.join(self.in_dtypes)}")
+
+  def describe(self) -> str:
+    """Readable: op, input shapes and the attributes that differ from their defaults."""
+    spec = ops.get(self.op)
+    decoded = spec.decode_attrs(np.asarray(self.attrs, np.int32))
+    defaults = {f.name: f.default for f in spec.attrs}
+    shown = {k: v for k, v in decoded.items() if v != defaults.get(k)}
+    if spec.code == Op.RESHAPE:
+      shown = {"shape": list(decoded["shape"][ops.MAX_RANK - decoded["rank"]:])}
+    elif spec.code == Op.TRANSPOSE:
+      shown = {"perm": list(decoded["perm"][:len(self.in_shapes[0])])}
+    args = ", ".join(f"{dt}{list(s)}" for s, dt in zip(self.in_shapes, self.in_dtypes))
+    extra = " " + " ".join(f"{k}={v}" for k, v in shown.items()) if shown else ""
+    return f"{self.op}({args}){extra}"
+
+  def single_op_graph(self) -> tuple[layout.Graph, Any]:
+    """The op alone: one graph input per operand, the op, its output. Returns (graph, params)."""
+    n = len(self.in_shapes)
+    b = GraphBuilder(max_inputs=max(layout.DEFAULT_MAX_INPUTS, n), name=self.describe())
+    xs = [b.input(s, dtype=dt) for s, dt in zip(self.in_shapes, self.in_dtypes)]
+    spec = ops.get(self.op)
+    y = b.node(spec.code, xs, **spec.decode_attrs(np.asarray(self.attrs, np.int32)))
+    b.output(y)
+    return b.build(max(SINGLE_OP_CAPACITY, n + 1))
+
+
+def graph_signatures(graph: layout.Graph) -> list[tuple[OpSignature, int]]:
+  """Distinct signatures of the ops that run when the graph is executed, with their counts.
+
+  Skips graph inputs, constants, constant nodes (folded at lowering) and nodes from which no
+  output is reachable (never run). The graph is validated first (GraphValidationError).
+  """
+  g = layout.to_host(graph)
+  host.validate(g)
+  nd = g.nodes
+  table = layout.input_table(g)
+  live = np.asarray(jax.jit(transforms.live_nodes)(graph))
+  counts: dict[OpSignature, int] = {}
+  for v in host.topological_order(g):
+    if not live[v] or nd["is_constant"][v] or int(nd["op"][v]) in (Op.INPUT, Op.CONSTANT):
+      continue
+    inputs = [int(u) for u in table[v] if u >= 0]
+    sig = OpSignature(
+        ops.get(int(nd["op"][v])).name, tuple(int(a) for a in nd["attrs"][v]),
+        tuple(ops.unpad_shape(nd["shape"][u], nd["rank"][u]) for u in inputs),
+        tuple(DType(int(nd["dtype"][u])).name.lower() for u in inputs))
+    counts[sig] = counts.get(sig, 0) + 1
+  return list(counts.items())
+
+
+# ----------------------------------------------------------------------------------------------
+# The on-disk cache
+# ----------------------------------------------------------------------------------------------
+
+class ProfileCache:
+  """Profiles of one device kind and JAX version: `<dir>/<device>-jax<version>.json`.
+
+  The file maps signature keys to entries (median_ms, q1_ms, q3_ms, runs, compile_s, op,
+  describe). `save` merges with what is on disk, so concurrent profilers lose nothing.
+  """
+
+  def __init__(self, cache_dir: str | os.PathLike[str] | None, device_kind: str,
+               jax_version: str = jax.__version__):
+    self.dir = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
+    self.device_kind = device_kind
+    self.jax_version = jax_version
+    self.path = self.dir / f"{cost_model.slug(device_kind)}-jax{jax_version}.json"
+    self.entries: dict[str, dict[str, Any]] = self._read()
+
+  def _read(self) -> dict[str, dict[str, Any]]:
+    if not self.path.is_file():
+      return {}
+    try:
+      data = json.loads(self.path.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+      raise ProfileError(f"profile cache {self.path} is unreadable ({e}); delete it to start "
+                         "afresh") from None
+    if data.get("device_kind") != self.device_kind or data.get("jax") != self.jax_version:
+      raise ProfileError(f"profile cache {self.path} is for {data.get('device_kind')!r} / jax "
+                         f"{data.get('jax')}, not {self.device_kind!r} / jax {self.jax_version}")
+    return dict(data.get("entries", {}))
+
+  def get(self, key: str) -> dict[str, Any] | None:
+    return self.entries.get(key)
+
+  def put(self, key: str, entry: dict[str, Any]) -> None:
+    self.entries[key] = entry
+
+  def save(self) -> Path:
+    """Writes the cache atomically (merged with entries another process wrote meanwhile)."""
+    try:
+      self.dir.mkdir(parents=True, exist_ok=True)
+      merged = {**self._read(), **self.entries}
+      self.entries = merged
+      tmp = self.path.with_suffix(f".tmp{os.getpid()}")
+      tmp.write_text(json.dumps({"device_kind": self.device_kind, "jax": self.jax_version,
+                                 "entries": merged}, indent=1, sort_keys=True))
+      os.replace(tmp, self.path)
+    except OSError as e:
+      raise ProfileError(f"cannot write the profile cache {self.path}: {e}") from None
+    return self.path
+
+
+# ----------------------------------------------------------------------------------------------
+# The profiler
+# ----------------------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class ProfileRow:
+  """One signature of a profiled graph: how often it occurs, its measured time, cache status."""
+  signature: OpSignature
+  count: int
+  median_ms: float
+  q1_ms: float
+  q3_ms: float
+  cached: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class GraphProfile:
+  """The profile of one graph: a row per distinct signature, and the cost of an empty call."""
+  rows: list[ProfileRow]
+  call_ms: float
+  device_kind: str
+  backend: str
+
+  @property
+  def measured(self) -> int:
+    """Signatures that had to be measured (not found in the cache)."""
+    return sum(not r.cached for r in self.rows)
+
+  def sum_ms(self) -> float:
+    """Sum over ops of count x (median - call overhead), plus one call: a naive estimate of the
+    graph's latency that ignores fusion."""
+    return self.call_ms + sum(r.count * max(r.median_ms - self.call_ms, 0.0) for r in self.rows)
+
+  def table(self, coeffs: cost_model.CostCoefficients | None = None, limit: int | None = None
+            ) -> str:
+    """A text table, slowest total first; with `coeffs`, the model's cost of each op alone."""
+    rows = sorted(self.rows, key=lambda r: -r.count * r.median_ms)
+    model = {}
+    if coeffs is not None:
+      model = dict(zip((r.signature.key for r in rows),
+                       single_op_costs([r.signature for r in rows], coeffs)))
+    lines = [f"{'op':<14}{'class':<8}{'count':>6}{'median ms':>12}{'IQR ms':>10}"
+             f"{'net x count':>13}" + (f"{'model ms':>10}" if model else "") + "  cached  signature"]
+    for r in rows[:limit]:
+      net = r.count * max(r.median_ms - self.call_ms, 0.0)
+      cls = cost_model.op_class_name(ops.get(r.signature.op).code, r.signature.attrs)
+      line = (f"{r.signature.op:<14}{cls:<8}{r.count:>6}{r.median_ms:>12.4f}"
+              f"{r.q3_ms - r.q1_ms:>10.4f}{net:>13.4f}")
+      if model:
+        line += f"{model[r.signature.key]:>10.4f}"
+      lines.append(line + f"  {'yes' if r.cached else 'no ':<6}  {r.signature.describe()}")
+    lines.append(f"{len(self.rows)} signatures, {sum(r.count for r in self.rows)} ops, "
+                 f"{self.measured} measured now; empty call {self.call_ms:.4f} ms; "
+                 f"sum of op times {self.sum_ms():.3f} ms ({self.backend}, {self.device_kind})")
+    return "\n".join(lines)
+
+
+class Profiler:
+  """Measures op signatures on one device, through an on-disk cache.
+
+  Args:
+    cache_dir: cache folder (default $XRLFLOW_PROFILE_CACHE or ~/.cache/xrlflow_jax/profiles).
+    backend: JAX platform ("cpu", "gpu"); BackendError if absent. Default: JAX's default.
+    warmup, repeats, min_time_s: timing of each signature (see `time_callable`).
+    seed: seed of the random inputs.
+  Attributes:
+    measure_count: signatures measured (not served from the cache) by this profiler.
+  """
+
+  def __init__(self, cache_dir: str | os.PathLike[str] | None = None, backend: str | None = None,
+               *, warmup: int = 3, repeats: int = 30, min_time_s: float = 0.05, seed: int = 0):
+    self.device = latency.resolve_device(backend)
+    self.cache = ProfileCache(cache_dir, self.device.device_kind)
+    self.warmup, self.repeats, self.min_time_s, self.seed = warmup, repeats, min_time_s, seed
+    self.measure_count = 0
+
+  def _time(self, fn: Any, args: Sequence[Any]) -> np.ndarray:
+    self.measure_count += 1
+    return latency.time_callable(fn, args, warmup=self.warmup, repeats=self.repeats,
+                                 min_time_s=self.min_time_s)
+
+  def _entry(self, times: np.ndarray, compile_s: float, **extra: Any) -> dict[str, Any]:
+    q1, med, q3 = np.percentile(times, [25, 50, 75])
+    return {"median_ms": float(med), "q1_ms": float(q1), "q3_ms": float(q3),
+            "runs": int(times.size), "compile_s": round(compile_s, 4),
+            "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S"), **extra}
+
+  def call_overhead(self, save: bool = True) -> float:
+    """ms of one call of a compiled executable that does no work (cached like a signature)."""
+    entry = self.cache.get(CALL_KEY)
+    if entry is None:
+      x = jax.device_put(np.zeros([1], np.float32), self.device)
+      t0 = time.perf_counter()
+      fn = jax.jit(lambda a: a).lower(x).compile()
+      entry = self._entry(self._time(fn, (x,)), time.perf_counter() - t0, op="call",
+                          describe="an empty call (identity on float32[1])")
+      self.cache.put(CALL_KEY, entry)
+      if save:
+        self.cache.save()
+    return float(entry["median_ms"])
+
+  def measure(self, sig: OpSignature) -> dict[str, Any]:
+    """Compiles `sig` alone and times it (no cache lookup). ProfileError if it cannot run."""
+    try:
+      graph, params = sig.single_op_graph()
+    except XrlflowError as e:
+      raise ProfileError(f"cannot build {sig.describe()} alone: {e}") from None
+    compiled = latency.compile_graph(graph, params, device=self.device, seed=self.seed)
+    times = self._time(compiled.fn, compiled.args)
+    return self._entry(times, compiled.compile_s, op=sig.op, describe=sig.describe())
+
+  def profile_signatures(self, sigs: Iterable[OpSignature], *, save: bool = True,
+                         progress: bool = False) -> dict[str, dict[str, Any]]:
+    """Cache entries of `sigs`, measuring (and caching) those not yet cached."""
+    out = {}
+    todo = [s for s in dict.fromkeys(sigs) if self.cache.get(s.key) is None]
+    for i, sig in enumerate(todo):
+      if progress:
+        print(f"  [{i + 1}/{len(todo)}] {sig.describe()}", flush=True)
+      self.cache.put(sig.key, self.measure(sig))
+      if save and (i + 1) % 25 == 0:
+        self.cache.save()
+    if todo and save:
+      self.cache.save()
+    for sig in sigs:
+      out[sig.key] = self.cache.get(sig.key)
+    return out
+
+  def profile_graph(self, graph: layout.Graph, *, save: bool = True,
+                    progress: bool = False) -> GraphProfile:
+    """Profiles every distinct signature of `graph` (validated first)."""
+    sigs = graph_signatures(graph)
+    cached = {s.key for s, _ in sigs if self.cache.get(s.key) is not None}
+    entries = self.profile_signatures([s for s, _ in sigs], save=save, progress=progress)
+    call = self.call_overhead(save=save)
+    rows = [ProfileRow(s, c, entries[s.key]["median_ms"], entries[s.key]["q1_ms"],
+                       entries[s.key]["q3_ms"], s.key in cached) for s, c in sigs]
+    return GraphProfile(rows, call, self.device.device_kind, self.device.platform)
+
+
+# ----------------------------------------------------------------------------------------------
+# Features of single-op graphs (for fitting and for the table)
+# ----------------------------------------------------------------------------------------------
+
+_FEATURES_JIT: dict[bool, Any] = {}
+
+
+def single_op_features(sigs: Sequence[OpSignature], epilogue_fusion: bool = False) -> np.ndarray:
+  """float32[S, F]: the cost features of each signature's single-op graph (what is timed)."""
+  if epilogue_fusion not in _FEATURES_JIT:
+    _FEATURES_JIT[epilogue_fusion] = jax.jit(
+        lambda g: cost_model.graph_features(g, epilogue_fusion))
+  fn = _FEATURES_JIT[epilogue_fusion]
+  out = np.zeros([len(sigs), cost_model.NUM_FEATURES], np.float32)
+  for i, sig in enumerate(sigs):
+    graph, _ = sig.single_op_graph()
+    out[i] = np.asarray(fn(graph))
+  return out
+
+
+def single_op_costs(sigs: Sequence[OpSignature],
+                    coeffs: cost_model.CostCoefficients) -> np.ndarray:
+  """float64[S]: the model's cost (ms, without the call overhead) of each op alone."""
+  feats = single_op_features(sigs, coeffs.epilogue_fusion)
+  return feats.astype(np.float64) @ np.asarray(coeffs.weights, np.float64)
+
+
+def signature_from_key(key: str) -> OpSignature:
+  """Inverse of `OpSignature.key`; ProfileError for a malformed key."""
+  try:
+    op, attrs, shapes, dtypes = key.split("|")
+    in_shapes = tuple(() if s == "scalar" else tuple(int(d) for d in s.split("x"))
+                      for s in shapes.split(";")) if shapes else ()
+    return OpSignature(op, tuple(int(a) for a in attrs.split(",")), in_shapes,
+                       tuple(dtypes.split(";")) if dtypes else ())
+  except ValueError:
+    raise ProfileError(f"malformed profile key {key!r}") from None

@@ -1,0 +1,301 @@
+"""Does the cost model rank graphs the way XLA's measured latency does?
+
+For a model: random variants from random valid rewrite sequences, and one-step neighbours of the
+original; each compiled and measured end to end, side by side with the original (interleaved
+rounds, so load drift hits every graph alike), and costed by the model. Reports the Spearman rank
+correlation of modelled cost against measured latency, how often the model gets the sign of the
+latency change between the original and a one-step neighbour right, and the measurement noise
+(a second, separately compiled copy of the original is measured as a control).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any, Callable, Collection, Sequence
+
+import jax
+import numpy as np
+
+from xrlflow_jax.cost import latency
+from xrlflow_jax.cost import model as cost_model
+from xrlflow_jax.cost.variants import RewriteWalker, Step, fingerprint
+from xrlflow_jax.graph import ParamStore, layout
+
+
+def rankdata(x: Sequence[float]) -> np.ndarray:
+  """float64[n]: 1-based ranks, ties get the average of their ranks."""
+  x = np.asarray(x, np.float64)
+  order = np.argsort(x, kind="mergesort")
+  ranks = np.empty(len(x), np.float64)
+  sorted_x = x[order]
+  i = 0
+  while i < len(x):
+    j = i
+    while j + 1 < len(x) and sorted_x[j + 1] == sorted_x[i]:
+      j += 1
+    ranks[order[i:j + 1]] = (i + j) / 2.0 + 1.0
+    i = j + 1
+  return ranks
+
+
+def spearman(x: Sequence[float], y: Sequence[float]) -> float:
+  """Spearman's rank correlation (Pearson correlation of average ranks); nan if either side is
+  constant or there are fewer than 3 points."""
+  if len(x) != len(y):
+    raise ValueError(f"spearman: {len(x)} values against {len(y)}")
+  if len(x) < 3:
+    return float("nan")
+  rx, ry = rankdata(x), rankdata(y)
+  rx -= rx.mean()
+  ry -= ry.mean()
+  denom = np.sqrt((rx * rx).sum() * (ry * ry).sum())
+  return float((rx * ry).sum() / denom) if denom > 0 else float("nan")
+
+
+# ----------------------------------------------------------------------------------------------
+# Side-by-side measurement
+# ----------------------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class SideBySide:
+  """Latencies of graphs measured in batches that each include the reference graph.
+
+  Attributes:
+    stats: LatencyStats per graph (in the order given).
+    ratio: float64[n]: each graph's median over the reference's median in the same batch.
+    reference_ms: median of the reference over all batches.
+  """
+  stats: list[latency.LatencyStats]
+  ratio: np.ndarray
+  reference_ms: float
+
+  @property
+  def latency_ms(self) -> np.ndarray:
+    """float64[n]: ratio x reference median (drift between batches removed)."""
+    return self.ratio * self.reference_ms
+
+
+def measure_side_by_side(reference: layout.Graph, graphs: Sequence[layout.Graph],
+                         params: ParamStore, *, rounds: int = 10, repeats_per_round: int = 3,
+                         warmup: int = 2, min_round_ms: float = 30.0, batch_size: int = 16,
+                         max_batch_mb: float = 2000.0, backend: str | None = None, seed: int = 0,
+                         log: Callable[[str], None] | None = None) -> SideBySide:
+  """Measures `graphs` against `reference`, interleaved, in batches bounded in count and memory.
+
+  Every batch compiles the reference and up to `batch_size` graphs (fewer when their weights
+  would exceed `max_batch_mb`), measures them in `rounds` interleaved rounds, and frees them.
+  Each graph runs at least `repeats_per_round` times per round, more for fast graphs so that a
+  round of one graph lasts about `min_round_ms` (the reference's latency sets the count).
+  """
+  device = latency.resolve_device(backend)
+  # Two separately compiled copies of the reference: identical executables differ by a few
+  # percent on a busy machine (placement in memory), so the denominator is their geometric mean.
+  refs = [latency.compile_graph(reference, params, device=device, seed=seed,
+                                what="the reference graph") for _ in range(2)]
+  ref_guess = float(np.median(latency.time_callable(refs[0].fn, refs[0].args, warmup=warmup,
+                                                    repeats=5)))
+  repeats_per_round = max(repeats_per_round, int(np.ceil(min_round_ms / max(ref_guess, 1e-3))))
+  per_graph_mb = max(refs[0].nbytes / 1e6, 1e-3)
+  size = int(max(1, min(batch_size, max_batch_mb // per_graph_mb - 2)))
+  stats: list[latency.LatencyStats | None] = [None] * len(graphs)
+  ratio = np.zeros(len(graphs))
+  ref_medians = []
+  for start in range(0, len(graphs), size):
+    chunk = list(range(start, min(start + size, len(graphs))))
+    t0 = time.perf_counter()
+    compiled = refs + [
+        latency.compile_graph(graphs[i], params, device=device, seed=seed, what=f"variant {i}")
+        for i in chunk]
+    t1 = time.perf_counter()
+    res = latency.measure_interleaved(compiled, rounds=rounds, repeats_per_round=repeats_per_round,
+                                      warmup=warmup, seed=seed + start)
+    ref_ms = float(np.sqrt(res[0].median_ms * res[1].median_ms))
+    ref_medians.append(ref_ms)
+    for i, r in zip(chunk, res[2:]):
+      stats[i] = r
+      ratio[i] = r.median_ms / ref_ms
+    del compiled
+    if log:
+      log(f"  batch {start // size + 1}: {len(chunk)} graphs, compile {t1 - t0:.1f}s, measure "
+          f"{time.perf_counter() - t1:.1f}s ({repeats_per_round} runs x {rounds} rounds each), "
+          f"reference {ref_ms:.3f} ms (copies differ by "
+          f"{100 * abs(res[0].median_ms / res[1].median_ms - 1):.1f}%)")
+  ref_ms = float(np.median(ref_medians)) if ref_medians else float("nan")
+  return SideBySide([s for s in stats if s is not None], ratio, ref_ms)
+
+
+# ----------------------------------------------------------------------------------------------
+# Validation of one model
+# ----------------------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class Item:
+  """One measured graph: its role, the rewrites that made it, measured ratio and modelled cost.
+
+  kind: "control" (a second copy of the original), "walk" (random rewrite sequence) or
+  "neighbour" (one rewrite of the original).
+  """
+  kind: str
+  steps: tuple[Step, ...]
+  ratio: float
+  latency_ms: float
+  iqr_ms: float
+  cost_ms: float
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelValidation:
+  """The validation of one model (see `validate_model`).
+
+  Attributes:
+    model: its name; nodes: alive nodes of the original.
+    original_ms / original_cost_ms: measured and modelled latency of the original.
+    items: every measured graph but the original.
+    spearman_all: rank correlation over the original and all distinct variants.
+    spearman_walks: the same over the original and the random-walk variants only.
+    sign_pairs / sign_correct: one-step neighbours whose measured change exceeds the noise
+      threshold, and how many of those the model gives the right sign (a predicted change of
+      zero counts as wrong).
+    tie_pairs / tie_quiet: neighbours the model says change nothing, and how many of those
+      measure within the noise threshold.
+    noise_threshold: relative change below which a measured difference counts as noise.
+    control_dev: |1 - ratio| of the control copy of the original.
+    seconds: wall time of the whole validation.
+  """
+  model: str
+  nodes: int
+  original_ms: float
+  original_cost_ms: float
+  items: list[Item]
+  spearman_all: float
+  spearman_walks: float
+  sign_pairs: int
+  sign_correct: int
+  tie_pairs: int
+  tie_quiet: int
+  noise_threshold: float
+  control_dev: float
+  seconds: float
+
+  @property
+  def sign_accuracy(self) -> float:
+    return self.sign_correct / self.sign_pairs if self.sign_pairs else float("nan")
+
+  @property
+  def latency_spread(self) -> float:
+    """max/min measured latency over the original and its variants."""
+    r = [1.0] + [i.ratio for i in self.items if i.kind != "control"]
+    return max(r) / min(r)
+
+  def to_json(self) -> dict[str, Any]:
+    d = dataclasses.asdict(self)
+    d["sign_accuracy"] = self.sign_accuracy
+    d["latency_spread"] = self.latency_spread
+    return d
+
+
+def _costs(graphs: Sequence[layout.Graph], coeffs: cost_model.CostCoefficients) -> np.ndarray:
+  fn = jax.jit(cost_model.graph_cost)
+  return np.asarray([float(fn(g, coeffs)) for g in graphs], np.float64)
+
+
+def validate_model(graph: layout.Graph, params: ParamStore, coeffs: cost_model.CostCoefficients,
+                   *, name: str = "model", walker: RewriteWalker | None = None,
+                   variants: int = 30, neighbours: int = 15, max_steps: int = 8, seed: int = 0,
+                   rounds: int = 10, repeats_per_round: int = 3, min_round_ms: float = 30.0,
+                   noise_floor: float = 0.02, backend: str | None = None,
+                   exclude: Collection[str] = (),
+                   log: Callable[[str], None] | None = print) -> ModelValidation:
+  """Validates the cost model on random rewritten variants of one model.
+
+  Args:
+    graph, params: the original model.
+    coeffs: the cost model's coefficients.
+    walker: a RewriteWalker for the graph's capacity (built here if None: built-in rules).
+    variants: distinct random-walk variants wanted (walk lengths uniform in 1..max_steps).
+    neighbours: one-step neighbours of the original for the sign test.
+    rounds, repeats_per_round, min_round_ms: interleaved timing (see `measure_side_by_side`).
+    noise_floor: the smallest relative change counted as real in the sign test; the threshold
+      used is max(noise_floor, 2 x the control copy's deviation).
+    exclude: structural hashes of graphs not to use (e.g. those the coefficients were fitted
+      on, so the validation is held out).
+  """
+  t_start = time.perf_counter()
+  walker = walker or RewriteWalker()
+  rng = np.random.default_rng(seed)
+  seen = {fingerprint(graph)} | set(exclude)
+  graphs: list[layout.Graph] = [graph]  # the control copy: the same graph, compiled again
+  kinds: list[str] = ["control"]
+  trails: list[tuple[Step, ...]] = [()]
+  for g2, step in walker.neighbours(graph, neighbours, rng):
+    fp = fingerprint(g2)
+    if fp not in seen:
+      seen.add(fp)
+      graphs.append(g2)
+      kinds.append("neighbour")
+      trails.append((step,))
+  attempts = 0
+  n_walks = 0
+  while n_walks < variants and attempts < 4 * variants:
+    attempts += 1
+    g2, trail = walker.walk(graph, int(rng.integers(1, max_steps + 1)), rng)
+    fp = fingerprint(g2)
+    if not trail or fp in seen:
+      continue
+    seen.add(fp)
+    graphs.append(g2)
+    kinds.append("walk")
+    trails.append(tuple(trail))
+    n_walks += 1
+  if log:
+    log(f"{name}: {len(graphs) - 1} distinct variants ({n_walks} walks, "
+        f"{kinds.count('neighbour')} neighbours) in {time.perf_counter() - t_start:.1f}s")
+  measured = measure_side_by_side(graph, graphs, params, rounds=rounds,
+                                  repeats_per_round=repeats_per_round, min_round_ms=min_round_ms,
+                                  backend=backend, seed=seed, log=log)
+  costs = _costs([graph] + graphs, coeffs)
+  c0, cost = costs[0], costs[1:]
+  items = [Item(k, t, float(r), float(r * measured.reference_ms), s.iqr_ms, float(c))
+           for k, t, r, s, c in zip(kinds, trails, measured.ratio, measured.stats, cost)]
+  control = [i for i in items if i.kind == "control"][0]
+  control_dev = abs(1.0 - control.ratio)
+  threshold = max(noise_floor, 2.0 * control_dev)
+
+  others = [i for i in items if i.kind != "control"]
+  walks = [i for i in items if i.kind == "walk"]
+  sp_all = spearman([c0] + [i.cost_ms for i in others], [1.0] + [i.ratio for i in others])
+  sp_walk = spearman([c0] + [i.cost_ms for i in walks], [1.0] + [i.ratio for i in walks])
+  sign_pairs = sign_correct = tie_pairs = tie_quiet = 0
+  for i in items:
+    if i.kind != "neighbour":
+      continue
+    d_cost = i.cost_ms - c0
+    d_lat = i.ratio - 1.0
+    tie = abs(d_cost) <= 1e-6 * max(abs(c0), 1e-9)
+    if tie:
+      tie_pairs += 1
+      tie_quiet += abs(d_lat) <= threshold
+    if abs(d_lat) > threshold:
+      sign_pairs += 1
+      sign_correct += (not tie) and (np.sign(d_cost) == np.sign(d_lat))
+  nodes = int(np.asarray(graph.nodes["alive"]).sum())
+  return ModelValidation(name, nodes, measured.reference_ms, float(c0), items, sp_all, sp_walk,
+                         sign_pairs, sign_correct, tie_pairs, tie_quiet, threshold, control_dev,
+                         time.perf_counter() - t_start)
+
+
+def markdown(rows: Sequence[ModelValidation], machine: str) -> str:
+  """The summary table of a validation run."""
+  lines = [f"Cost model vs measured XLA latency ({machine})", "",
+           "| model | nodes | graphs | measured ms | model ms | latency spread | Spearman (all) "
+           "| Spearman (walks) | sign acc. (pairs) | model ties quiet | noise thr. | control dev. |",
+           "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+  for r in rows:
+    n = sum(i.kind != "control" for i in r.items) + 1
+    lines.append(
+        f"| {r.model} | {r.nodes} | {n} | {r.original_ms:.3f} | {r.original_cost_ms:.3f} | "
+        f"{r.latency_spread:.2f}x | {r.spearman_all:.3f} | {r.spearman_walks:.3f} | "
+        f"{r.sign_accuracy:.2f} ({r.sign_pairs}) | {r.tie_quiet}/{r.tie_pairs} | "
+        f"{100 * r.noise_threshold:.1f}% | {100 * r.control_dev:.1f}% |")
+  return "\n".join(lines)
