@@ -1,0 +1,230 @@
+r"""Trains the PPO agent on a model's graph and reports the best graph found, measured.
+
+    python -m experiments.train --config=experiments/configs/ppo.py:test --workdir=/tmp/run
+    python -m experiments.train --config=experiments/configs/ppo.py:bert \
+        --config.agent.head=candidates --config.ppo.num_envs=64 --workdir=runs/bert
+
+Writes to --workdir: metrics.csv (one row per update and seed), TensorBoard event files under
+tb/ (when tensorboardX or TensorFlow is importable), checkpoints/ (orbax when installed, else
+msgpack; a rerun with the same workdir resumes from the latest one and reproduces the
+uninterrupted run), curves.png (when matplotlib is installed), best_graph.txt and results.json
+(modelled cost and XLA-measured latency of the initial and the best graph, numerics checked).
+
+Training runs in chunks of `updates_per_chunk` updates, each one jitted `lax.scan` of PPO
+updates (one compile for the whole run); progress, metrics and checkpoints happen between chunks.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+from absl import app, flags, logging
+from ml_collections import config_flags
+
+from xrlflow_jax import cost, executor
+from xrlflow_jax import graph as G
+from xrlflow_jax.agents import METRICS, checkpoint, runs, summaries
+
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", str(Path(__file__).resolve().parent / "configs" / "ppo.py") + ":test",
+    "Training config file: experiments/configs/ppo.py:<model>.")
+_WORKDIR = flags.DEFINE_string("workdir", "/tmp/xrlflow_train", "Output directory.")
+_RESUME = flags.DEFINE_bool("resume", True, "Resume from the latest checkpoint in --workdir.")
+_STOP = flags.DEFINE_integer("stop_after", 0, "Stop this invocation after this many updates "
+                             "(0: run to the end); a rerun resumes.")
+_CACHE = flags.DEFINE_string("compilation_cache", "",
+                             "A directory for JAX's persistent compilation cache (reruns skip "
+                             "the compile).")
+
+
+def _chunk_size(num_updates: int, wanted: int) -> int:
+  """The largest divisor of num_updates that is <= wanted (one compiled chunk length)."""
+  wanted = max(1, min(wanted, num_updates))
+  return max(d for d in range(1, wanted + 1) if num_updates % d == 0)
+
+
+class Progress:
+  """tqdm when installed, else one printed line per chunk with rate and ETA."""
+
+  def __init__(self, total: int, initial: int):
+    self.total, self.done, self.t0, self.start = total, initial, time.perf_counter(), initial
+    try:
+      import tqdm  # pylint: disable=g-import-not-at-top
+      self.bar = tqdm.tqdm(total=total, initial=initial, unit="update")
+    except ImportError:
+      self.bar = None
+
+  def advance(self, n: int, text: str) -> None:
+    self.done += n
+    if self.bar is not None:
+      self.bar.update(n)
+      self.bar.set_postfix_str(text)
+      return
+    elapsed = time.perf_counter() - self.t0
+    rate = (self.done - self.start) / max(elapsed, 1e-9)
+    eta = (self.total - self.done) / rate if rate > 0 else math.inf
+    print(f"[{self.done:>5}/{self.total} {100 * self.done / self.total:5.1f}%] {text} | "
+          f"{elapsed:6.1f}s elapsed, ETA {eta:6.1f}s", flush=True)
+
+  def close(self) -> None:
+    if self.bar is not None:
+      self.bar.close()
+
+
+def _fmt(m: dict[str, float]) -> str:
+  return (f"return {m['episode_return']:.3f} best {m['best_cost_ratio']:.3f} "
+          f"entropy {m['entropy']:.3f} kl {m['approx_kl']:.4f}")
+
+
+def _best_over_seeds(state: Any, seeded: bool):
+  """(best_cost [G], best_graph [G], initial_cost [G]) on the host, best over seeds."""
+  best_cost = np.asarray(state.best_cost)
+  graphs = jax.tree_util.tree_map(np.asarray, state.best_graph)
+  initial = np.asarray(state.initial_cost)
+  if not seeded:
+    return best_cost, graphs, initial
+  s = best_cost.argmin(0)  # [G]
+  g = np.arange(best_cost.shape[1])
+  return (best_cost[s, g], jax.tree_util.tree_map(lambda a: a[s, g], graphs), initial[0])
+
+
+def _report_best(run: runs.Run, state: Any, seeded: bool, workdir: Path, repeats: int) -> dict:
+  """Validates, checks numerics of and times the initial and best graph of every pool graph."""
+  best_cost, graphs, initial = _best_over_seeds(state, seeded)
+  results = []
+  dumps = []
+  for i, name in enumerate(run.names):
+    best = jax.tree_util.tree_map(lambda a, i=i: a[i], graphs)
+    params = run.params[i]
+    G.validate(best, params)
+    ref = executor.lower(run.graphs[i], params)
+    new = executor.lower(best, params)
+    inputs = ref.random_inputs(0)
+    max_err = 0.0
+    for a, b in zip(ref(*inputs), new(*inputs)):
+      a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+      max_err = max(max_err, float(np.max(np.abs(a - b) / (1.0 + np.abs(a)))) if a.size else 0.0)
+    row = {"graph": name, "initial_cost_ms": float(initial[i]), "best_cost_ms": float(best_cost[i]),
+           "modelled_speedup": float(initial[i] / best_cost[i]),
+           "nodes_initial": G.num_nodes(run.graphs[i]), "nodes_best": G.num_nodes(best),
+           "max_rel_error": max_err}
+    if repeats > 0:
+      lat0 = cost.measure_latency(run.graphs[i], params, repeats=repeats)
+      lat1 = cost.measure_latency(best, params, repeats=repeats)
+      row.update({"initial_latency_ms": lat0.median_ms, "best_latency_ms": lat1.median_ms,
+                  "initial_latency_iqr_ms": lat0.iqr_ms, "best_latency_iqr_ms": lat1.iqr_ms,
+                  "measured_speedup": lat0.median_ms / lat1.median_ms,
+                  "device": lat1.device_kind})
+    results.append(row)
+    dumps.append(f"# {name}: best graph found (modelled cost {best_cost[i]:.5f} ms)\n"
+                 + G.dump(best))
+  (workdir / "best_graph.txt").write_text("\n\n".join(dumps) + "\n")
+  return {"graphs": results}
+
+
+def main(argv: list[str]) -> None:
+  del argv
+  if not flags.FLAGS["verbosity"].present:
+    logging.set_verbosity(logging.WARNING)  # orbax logs every checkpoint step at INFO
+  config = _CONFIG.value
+  workdir = Path(_WORKDIR.value)
+  workdir.mkdir(parents=True, exist_ok=True)
+  if _CACHE.value:
+    jax.config.update("jax_compilation_cache_dir", _CACHE.value)
+  (workdir / "config.json").write_text(config.to_json_best_effort(indent=2))
+
+  run = runs.build(config)
+  trainer = run.trainer
+  cfg = trainer.config
+  seeds = int(config.num_seeds)
+  seeded = seeds > 1
+  print(f"pool {run.names} ({[G.num_nodes(g) for g in run.graphs]} nodes, capacity "
+        f"{G.capacity(run.graphs[0])}); {len(run.ruleset)} rules x {run.ruleset.max_locations} "
+        f"locations; head {run.agent.config.head}; {len(trainer.devices)} device(s) "
+        f"{trainer.devices[0].device_kind}; {cfg.num_updates} updates of {cfg.batch_size} steps; "
+        f"{seeds} seed(s)", flush=True)
+
+  key = jax.random.PRNGKey(int(config.seed))
+  t0 = time.perf_counter()
+  if seeded:
+    state = trainer.init_seeds(jax.random.split(key, seeds))
+  else:
+    state = trainer.init(key)
+  n_params = sum(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(state.params))
+  n_params //= seeds if seeded else 1
+  print(f"initialised in {time.perf_counter() - t0:.1f}s; {n_params} parameters", flush=True)
+
+  ckpt_dir = workdir / "checkpoints"
+  done = 0
+  if _RESUME.value and checkpoint.steps(ckpt_dir):
+    state, done = checkpoint.restore(ckpt_dir, state)
+    print(f"resumed from update {done} ({ckpt_dir})", flush=True)
+  chunk = _chunk_size(cfg.num_updates, int(config.updates_per_chunk))
+  if done % chunk:
+    raise runs.AgentError(f"checkpoint at update {done} is not at a chunk boundary ({chunk}); "
+                          "resume with the updates_per_chunk it was written with")
+  csv = summaries.CsvWriter(workdir / "metrics.csv", METRICS, resume_from=done)
+  tb = summaries.TensorBoardWriter(workdir / "tb")
+  have = summaries.available()
+  if not tb.active:
+    print("TensorBoard event files: skipped (neither tensorboardX nor tensorflow is installed)")
+  if have["png"] is None:
+    print("training curve PNG: skipped (matplotlib is not installed)")
+
+  run_fn = trainer.run_seeds if seeded else trainer.run
+  progress = Progress(cfg.num_updates, done)
+  chunks = 0
+  t_train = time.perf_counter()
+  steps_done = 0
+  stop_at = min(cfg.num_updates, done + _STOP.value) if _STOP.value > 0 else cfg.num_updates
+  while done < stop_at:
+    state, metrics = run_fn(state, chunk)
+    metrics = {k: np.asarray(v).reshape(seeds, chunk) for k, v in metrics.items()}
+    for j in range(chunk):
+      for s in range(seeds):
+        row = {k: v[s, j] for k, v in metrics.items()}
+        csv.write(done + j + 1, s, row)
+        if tb.active:
+          tb.write(done + j + 1, row, prefix=f"seed{s}/" if seeded else "")
+    done += chunk
+    chunks += 1
+    steps_done += chunk * cfg.batch_size * seeds
+    last = {k: float(np.nanmean(v[:, -1])) if np.isfinite(v[:, -1]).any() else math.nan
+            for k, v in metrics.items()}
+    progress.advance(chunk, _fmt(last))
+    if (config.checkpoint_every and chunks % int(config.checkpoint_every) == 0) or \
+        done >= stop_at:
+      checkpoint.save(ckpt_dir, done, state, backend=config.checkpoint_backend)
+  progress.close()
+  tb.close()
+  elapsed = time.perf_counter() - t_train
+  if steps_done:
+    print(f"trained {steps_done} environment steps in {elapsed:.1f}s (first chunk includes the "
+          f"compile): {steps_done / elapsed:.1f} steps/s", flush=True)
+  if summaries.plot_curves(workdir / "metrics.csv", workdir / "curves.png"):
+    print(f"training curve: {workdir / 'curves.png'}")
+
+  report = _report_best(run, state, seeded, workdir, int(config.latency_repeats))
+  report.update({"updates": done, "env_steps": done * cfg.batch_size, "seeds": seeds,
+                 "parameters": n_params})
+  (workdir / "results.json").write_text(json.dumps(report, indent=2) + "\n")
+  for r in report["graphs"]:
+    line = (f"{r['graph']}: modelled cost {r['initial_cost_ms']:.4f} -> {r['best_cost_ms']:.4f} "
+            f"ms (x{r['modelled_speedup']:.3f}), nodes {r['nodes_initial']} -> {r['nodes_best']}, "
+            f"outputs {'agree' if r['max_rel_error'] < 1e-3 else 'DISAGREE'} (max rel err "
+            f"{r['max_rel_error']:.1e})")
+    if "best_latency_ms" in r:
+      line += (f"; measured {r['initial_latency_ms']:.4f} -> {r['best_latency_ms']:.4f} ms "
+               f"(x{r['measured_speedup']:.3f}) on {r['device']}")
+    print(line)
+  print(f"best graph: {workdir / 'best_graph.txt'}; results: {workdir / 'results.json'}")
+
+
+if __name__ == "__main__":
+  app.run(main)

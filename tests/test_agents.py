@@ -1,0 +1,410 @@
+"""The learner: GAE, masked categorical, networks, PPO (no retrace, finite losses, learning past a
+cost-raising rewrite that greedy cannot take), checkpoints, data parallelism on 4 CPU devices."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from xrlflow_jax import GraphBuilder, cost
+from xrlflow_jax import graph as G
+from xrlflow_jax.agents import (Agent, AgentConfig, AgentError, MaskedCategorical, PPOConfig,
+                                candidate_graphs, checkpoint, gae, make_train, summaries)
+from xrlflow_jax.env import GraphRewriteEnv
+from xrlflow_jax.rules import RuleSet
+from xrlflow_jax.rules.library import builtin_rules
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# The learning problem. Cost = 1.0 per MatMul kernel + 1.5 per loop-fusion kernel (a synthetic
+# cost model: the test is about the learner, not about a device). The graph
+#     out = concat(x @ w1, x @ w2) + z
+# costs 2 MatMuls + 1 fusion (concat+add) = 3.5. Merging the MatMuls (one MatMul, two slices
+# feeding the concat) costs 1 + 2 * 1.5 = 4.0: every first rewrite raises the cost or keeps it
+# (add_commute), so greedy stops at 3.5. After the merge, concat_of_slices cancels the slices:
+# one MatMul + the add = 2.5, the optimum.
+RULES = ("merge_matmul_shared_input_2", "split_matmul_shared_input_2", "concat_of_slices",
+         "add_commute", "mul_commute")
+INITIAL, OPTIMUM = 3.5, 2.5
+_W = np.zeros(len(cost.FEATURE_NAMES), np.float32)
+_W[cost.FEATURE_NAMES.index("matmul.launch")] = 1.0
+_W[cost.FEATURE_NAMES.index("loop.launch")] = 1.5
+COEFFS = cost.CostCoefficients(weights=jnp.asarray(_W), call_ms=jnp.float32(0.0),
+                               device_kind="test")
+SMALL = AgentConfig(head="local", hidden=32, layers=2, heads=2)
+PPO = PPOConfig(num_envs=8, num_steps=8, total_timesteps=8 * 8 * 40, update_epochs=4,
+                num_minibatches=2)
+LEARN_UPDATES = 40
+
+
+def toy_graph(capacity: int = 32):
+  b = GraphBuilder()
+  x = b.input([8, 16])
+  w1, w2 = b.weight([16, 16]), b.weight([16, 16])
+  y = b.concat([b.matmul(x, w1), b.matmul(x, w2)], axis=1)
+  b.output(b.add(y, b.input([8, 32])))
+  return b.build(capacity=capacity)
+
+
+def _cost(g):
+  return cost.graph_cost(g, COEFFS)
+
+
+def _node_costs(g):
+  return cost.node_costs(g, COEFFS)
+
+
+@pytest.fixture(scope="module")
+def ruleset():
+  return RuleSet([r for r in builtin_rules() if r.name in RULES], max_locations=4)
+
+
+_CANDIDATES_FNS = {}
+
+
+def _candidates_fn(ruleset):
+  """A jitted (graph, nodes, mask) -> (candidate graphs, ok, their costs), one per RuleSet."""
+  if id(ruleset) not in _CANDIDATES_FNS:
+    @jax.jit
+    def build(g, nodes, mask):
+      graphs, ok = candidate_graphs(ruleset, g, nodes, mask)
+      return graphs, ok, jax.vmap(_cost)(graphs)
+    _CANDIDATES_FNS[id(ruleset)] = build
+  return _CANDIDATES_FNS[id(ruleset)]
+
+
+@pytest.fixture(scope="module")
+def env(ruleset):
+  graph, _ = toy_graph()
+  return GraphRewriteEnv([graph], ruleset, _cost, horizon=4, reward_scale=10.0,
+                         node_cost_fn=_node_costs)
+
+
+@pytest.fixture(scope="module")
+def trainer(env, ruleset):
+  tr = make_train(PPO, env, Agent(ruleset, _node_costs, SMALL))
+  # Every test of this module updates through this one compiled function; chex counts traces.
+  tr.update = jax.jit(chex.assert_max_traces(tr._update, n=1))  # pylint: disable=protected-access
+  return tr
+
+
+@pytest.fixture(scope="module")
+def trained(trainer):
+  """The run of the learning test: (states after 0, 1, 2 and LEARN_UPDATES updates, metrics)."""
+  state = trainer.init(jax.random.PRNGKey(0))
+  states, history = [state], []
+  for i in range(LEARN_UPDATES):
+    state, metrics = trainer.update(state)
+    history.append({k: float(v) for k, v in metrics.items()})
+    if i < 2:
+      states.append(state)
+  states.append(state)
+  return states, history
+
+
+# ----------------------------------------------------------------------------------------------
+# GAE
+# ----------------------------------------------------------------------------------------------
+
+def _reference_gae(rewards, values, discounts, lasts, boot, last_value, gamma, lam):
+  """Per environment, per step: the lambda-return written out episode by episode."""
+  t_max, b_max = rewards.shape
+  adv = np.zeros_like(rewards)
+  for b in range(b_max):
+    for t in range(t_max):
+      total, weight = 0.0, 1.0
+      for u in range(t, t_max):
+        if lasts[u, b]:
+          next_v = boot[u, b]
+        elif u + 1 < t_max:
+          next_v = values[u + 1, b]
+        else:
+          next_v = last_value[b]
+        delta = rewards[u, b] + gamma * discounts[u, b] * next_v - values[u, b]
+        total += weight * delta
+        if lasts[u, b]:
+          break
+        weight *= gamma * lam * discounts[u, b]
+      adv[t, b] = total
+  return adv
+
+
+def test_gae_hand_computed_truncation_and_termination():
+  gamma, lam = 0.5, 0.5
+  # One environment, 3 steps: an episode truncated at step 1 (bootstrap 10 from its final
+  # observation, not 7 from the next episode's first one), then a new episode.
+  rewards = np.array([[1.0], [2.0], [3.0]], np.float32)
+  values = np.array([[4.0], [5.0], [7.0]], np.float32)
+  discounts = np.ones([3, 1], np.float32)
+  lasts = np.array([[False], [True], [False]])
+  boot = np.array([[0.0], [10.0], [0.0]], np.float32)
+  last_value = np.array([8.0], np.float32)
+  adv, targets = gae(rewards, values, discounts, lasts, boot, last_value, gamma, lam)
+  # delta2 = 3 + .5 * 8 - 7 = 0; delta1 = 2 + .5 * 10 - 5 = 2; delta0 = 1 + .5 * 5 - 4 = -0.5
+  # adv2 = 0; adv1 = 2 (the episode ended, nothing flows back from step 2);
+  # adv0 = -0.5 + .25 * 2 = 0.
+  np.testing.assert_allclose(np.asarray(adv)[:, 0], [0.0, 2.0, 0.0], atol=1e-6)
+  np.testing.assert_allclose(np.asarray(targets)[:, 0], [4.0, 7.0, 7.0], atol=1e-6)
+  # Terminated at step 1 instead (discount 0): no bootstrap at all.
+  discounts[1, 0] = 0.0
+  adv, _ = gae(rewards, values, discounts, lasts, boot, last_value, gamma, lam)
+  # delta1 = 2 - 5 = -3; adv0 = -0.5 + .25 * -3 = -1.25.
+  np.testing.assert_allclose(np.asarray(adv)[:, 0], [-1.25, -3.0, 0.0], atol=1e-6)
+
+
+def test_gae_matches_episode_by_episode_reference():
+  rng = np.random.default_rng(0)
+  t_max, b_max = 9, 4
+  rewards = rng.normal(size=(t_max, b_max)).astype(np.float32)
+  values = rng.normal(size=(t_max, b_max)).astype(np.float32)
+  lasts = np.zeros((t_max, b_max), bool)
+  discounts = np.ones((t_max, b_max), np.float32)
+  lasts[2, 0], discounts[2, 0] = True, 0.0  # terminated
+  lasts[5, 0] = True  # truncated
+  lasts[3, 1] = True  # truncated
+  lasts[8, 2], discounts[8, 2] = True, 0.0  # terminated on the rollout's last step
+  boot = np.where(lasts, rng.normal(size=(t_max, b_max)), 0.0).astype(np.float32)
+  last_value = rng.normal(size=b_max).astype(np.float32)
+  adv, targets = jax.jit(gae, static_argnums=(6, 7))(rewards, values, discounts, lasts, boot,
+                                                      last_value, 0.99, 0.95)
+  ref = _reference_gae(rewards, values, discounts, lasts, boot, last_value, 0.99, 0.95)
+  np.testing.assert_allclose(np.asarray(adv), ref, rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(np.asarray(targets), ref + values, rtol=1e-5, atol=1e-5)
+
+
+# ----------------------------------------------------------------------------------------------
+# Masked categorical
+# ----------------------------------------------------------------------------------------------
+
+def test_masked_categorical_never_samples_masked_actions():
+  rng = np.random.default_rng(0)
+  logits = rng.normal(size=(64, 12)).astype(np.float32) * 3
+  mask = rng.random((64, 12)) < 0.3
+  mask[:, -1] = True
+  logits[~mask] = 50.0  # masked actions would dominate if the mask leaked
+  dist = MaskedCategorical(jnp.asarray(logits), jnp.asarray(mask))
+  keys = jax.random.split(jax.random.PRNGKey(0), 300)
+  samples = np.asarray(jax.vmap(dist.sample)(keys))  # [300, 64]
+  assert mask[np.arange(64)[None, :], samples].all()
+  probs = np.exp(np.asarray(dist.log_probs))
+  assert (probs[~mask] == 0).all()
+  np.testing.assert_allclose(probs.sum(-1), 1.0, rtol=1e-5)
+  valid = np.where(mask, logits, -np.inf)
+  p = np.exp(valid - valid.max(-1, keepdims=True))
+  p /= p.sum(-1, keepdims=True)
+  np.testing.assert_allclose(probs, p, rtol=1e-5, atol=1e-7)
+  ent = -np.sum(np.where(mask, p * np.log(np.where(mask, p, 1.0)), 0.0), -1)
+  np.testing.assert_allclose(np.asarray(dist.entropy()), ent, rtol=1e-5, atol=1e-6)
+  freq = np.mean(samples[:, 0:1] == np.arange(12)[None, :], axis=0)
+  assert np.abs(freq - p[0]).max() < 0.1
+  grad = jax.grad(lambda l: MaskedCategorical(l, jnp.asarray(mask)).entropy().sum())(
+      jnp.asarray(logits))
+  assert np.isfinite(np.asarray(grad)).all() and (np.asarray(grad)[~mask] == 0).all()
+
+
+# ----------------------------------------------------------------------------------------------
+# Networks
+# ----------------------------------------------------------------------------------------------
+
+@pytest.mark.slow  # compiles a full training run; see README for -m slow
+def test_local_head_does_not_depend_on_padding(ruleset):
+  agent = Agent(ruleset, _node_costs, AgentConfig(hidden=16, layers=2, heads=2))
+  obs = []
+  for capacity in (32, 48):
+    graph, _ = toy_graph(capacity)
+    e = GraphRewriteEnv([graph], ruleset, _cost, horizon=4, node_cost_fn=_node_costs)
+    obs.append(jax.jit(e.reset)(jax.random.PRNGKey(0))[1].observation)
+  params = jax.jit(agent.init)(jax.random.PRNGKey(1), obs[0])
+  apply = jax.jit(lambda p, o: (*agent.apply(p, o), agent.value(p, o)))
+  (l32, v32, value32), (l48, v48, _) = [apply(params, o) for o in obs]
+  assert l32.shape == (ruleset.num_actions + 1,)
+  np.testing.assert_allclose(np.asarray(l32), np.asarray(l48), rtol=1e-4, atol=1e-5)
+  np.testing.assert_allclose(float(v32), float(v48), rtol=1e-4, atol=1e-5)
+  np.testing.assert_allclose(float(value32), float(v32), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.slow  # compiles a full training run; see README for -m slow
+def test_candidate_graphs_match_applying_each_action(ruleset):
+  graph, _ = toy_graph()
+  graph = ruleset.jit_apply_action(graph, ruleset.jit_match(graph), 0)[0]  # the merge
+  match = ruleset.jit_match(graph)  # now concat_of_slices and split apply too
+  l = ruleset.max_locations
+  mask = np.asarray(match.mask)
+  graphs, ok, costs = _candidates_fn(ruleset)(graph, match.nodes, match.mask)
+  costs = np.asarray(costs)
+  assert mask.sum() >= 3 and (np.asarray(ok) == mask.reshape(-1)).all()
+  for a in np.flatnonzero(mask.reshape(-1)):
+    expect, applied = ruleset.jit_apply_action(graph, match, a)
+    assert bool(applied)
+    got = jax.tree_util.tree_map(lambda x, a=a: x[a], graphs)
+    assert G.structural_hash(got) == G.structural_hash(expect), ruleset.names[a // l]
+    np.testing.assert_allclose(costs[a], float(_cost(expect)), rtol=1e-6)
+  assert costs[mask.reshape(-1)].min() == pytest.approx(OPTIMUM)
+
+
+@pytest.mark.slow  # compiles a full training run; see README for -m slow
+def test_candidates_head_scores_every_action(env, ruleset):
+  agent = Agent(ruleset, _node_costs, AgentConfig(head="candidates", hidden=16, layers=1,
+                                                  heads=2))
+  _, ts = jax.jit(env.reset)(jax.random.PRNGKey(0))
+
+  @jax.jit
+  def init_apply(key, obs):
+    params = agent.init(key, obs)
+    return agent.apply(params, obs)
+
+  logits, value = init_apply(jax.random.PRNGKey(0), ts.observation)
+  assert logits.shape == (env.num_actions,) and np.isfinite(np.asarray(logits)).all()
+  assert np.isfinite(float(value))
+
+
+def test_bad_configs_are_clear_errors(env, ruleset):
+  with pytest.raises(AgentError, match="head"):
+    Agent(ruleset, _node_costs, AgentConfig(head="global"))
+  with pytest.raises(AgentError, match="divisible"):
+    make_train(PPOConfig(num_envs=6, num_steps=5, num_minibatches=4), env,
+               Agent(ruleset, _node_costs, SMALL))
+  with pytest.raises(AgentError, match="unknown PPO config keys"):
+    PPOConfig.from_mapping({"num_env": 4})
+
+
+# ----------------------------------------------------------------------------------------------
+# PPO
+# ----------------------------------------------------------------------------------------------
+
+@pytest.mark.slow  # compiles a full training run; see README for -m slow
+def test_no_retrace_and_finite_losses(trainer, trained):
+  states, history = trained
+  assert trainer.update._cache_size() == 1  # pylint: disable=protected-access
+  for m in history:
+    for k in ("loss", "policy_loss", "value_loss", "entropy", "approx_kl", "grad_norm"):
+      assert np.isfinite(m[k]), (k, m)
+  assert history[-1]["env_steps"] == LEARN_UPDATES * PPO.batch_size
+  assert int(states[-1].update) == LEARN_UPDATES
+  assert not any(m["invalid_frac"] for m in history), "the policy chose a masked action"
+
+
+def _greedy(ruleset, graph) -> float:
+  """Greedy search on the modelled cost: take the best rewrite while it lowers the cost."""
+  current = float(_cost(graph))
+  while True:
+    match = ruleset.jit_match(graph)
+    graphs, ok, costs = _candidates_fn(ruleset)(graph, match.nodes, match.mask)
+    costs = np.where(np.asarray(ok), np.asarray(costs), np.inf)
+    best = int(np.argmin(costs))
+    if not float(costs[best]) < current - 1e-6:
+      return current
+    graph = jax.tree_util.tree_map(lambda x: x[best], graphs)
+    current = float(costs[best])
+
+
+@pytest.mark.slow  # compiles a full training run; see README for -m slow
+def test_ppo_learns_a_cost_raising_rewrite_that_greedy_misses(env, ruleset, trainer, trained):
+  graph, _ = toy_graph()
+  assert float(_cost(graph)) == pytest.approx(INITIAL)
+  assert _greedy(ruleset, graph) == pytest.approx(INITIAL), "greedy should be stuck"
+  states, history = trained
+  final = states[-1]
+  assert float(final.best_cost[0]) == pytest.approx(OPTIMUM)
+  # The trained policy, acting on its most likely action, walks through the cost increase.
+  _, costs = trainer.greedy_rollout(final.params, jax.random.PRNGKey(7))
+  costs = np.asarray(costs)
+  assert costs.max() > INITIAL, costs  # it accepted the temporary loss
+  assert costs[-1] == pytest.approx(OPTIMUM), costs
+  # And the sampling policy reaches the optimum in (almost) every episode by the end.
+  assert history[-1]["episode_best_ratio"] == pytest.approx(OPTIMUM / INITIAL, abs=0.02)
+
+
+@pytest.mark.slow  # needs the trained fixture (a full training compile)
+@pytest.mark.parametrize("backend", ["auto", "msgpack"])
+def test_checkpoint_round_trip_and_resume(trainer, trained, tmp_path, backend):
+  states, _ = trained
+  s1, s2 = states[1], states[2]
+  checkpoint.save(tmp_path, 1, s1, backend=backend)
+  fresh = states[0]  # same structure, other values
+  restored, step = checkpoint.restore(tmp_path, fresh)
+  assert step == 1
+  chex.assert_trees_all_equal(restored, s1)
+  resumed, _ = trainer.update(restored)
+  chex.assert_trees_all_equal(resumed, s2)  # resuming reproduces the uninterrupted run
+  assert trainer.update._cache_size() == 1  # pylint: disable=protected-access
+  with pytest.raises(checkpoint.CheckpointError, match="leaf"):
+    checkpoint.restore(tmp_path, fresh.replace(update=jnp.zeros([2], jnp.int32)))
+
+
+def test_csv_writer_resumes(tmp_path):
+  path = tmp_path / "m.csv"
+  w = summaries.CsvWriter(path, ["a", "b"])
+  for u in range(1, 5):
+    w.write(u, 0, {"a": u, "b": 2 * u})
+  summaries.CsvWriter(path, ["a", "b"], resume_from=2).write(3, 0, {"a": 30.0})
+  data = summaries.read_csv(path)
+  np.testing.assert_array_equal(data["update"], [1, 2, 3])
+  np.testing.assert_array_equal(data["a"], [1, 2, 30])
+  assert np.isnan(data["b"][-1])
+
+
+# ----------------------------------------------------------------------------------------------
+# Data parallelism and seeds (a subprocess: the device count is fixed when JAX starts)
+# ----------------------------------------------------------------------------------------------
+
+_MULTI_DEVICE = textwrap.dedent("""
+    import jax, numpy as np
+    from tests import test_agents as T
+    from xrlflow_jax.agents import Agent, AgentConfig, PPOConfig, make_train
+    from xrlflow_jax.env import GraphRewriteEnv
+    from xrlflow_jax.rules import RuleSet
+    from xrlflow_jax.rules.library import builtin_rules
+    assert len(jax.devices()) == 4, jax.devices()
+    rs = RuleSet([r for r in builtin_rules() if r.name in T.RULES[:3]], max_locations=2)
+    graph, _ = T.toy_graph(32)
+    env = GraphRewriteEnv([graph], rs, T._cost, horizon=3, reward_scale=10.0,
+                          node_cost_fn=T._node_costs)
+    agent = Agent(rs, T._node_costs, AgentConfig(hidden=16, layers=1, heads=2))
+    cfg = PPOConfig(num_envs=8, num_steps=4, total_timesteps=8 * 4 * 2, update_epochs=2,
+                    num_minibatches=2)
+    out = {{}}
+    for name, devices in (("one", jax.devices()[:1]), ("four", jax.devices())):
+      tr = make_train(cfg, env, agent, devices=devices)
+      state, metrics = tr(jax.random.PRNGKey(3))
+      out[name] = (state, metrics)
+      leaf = jax.tree_util.tree_leaves(state.env_state)[0]
+      print(name, "env state on", len(leaf.sharding.device_set), "devices")
+    (s1, m1), (s4, m4) = out["one"], out["four"]
+    assert len(jax.tree_util.tree_leaves(s4.env_state)[0].sharding.device_set) == 4
+    for k in m1:
+      np.testing.assert_allclose(np.asarray(m1[k]), np.asarray(m4[k]), rtol=1e-4, atol=1e-5,
+                                 err_msg=k)
+    for a, b in zip(jax.tree_util.tree_leaves(s1.params), jax.tree_util.tree_leaves(s4.params)):
+      np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-5)
+    # Two seeds at once (vmap) on the 4-device mesh equal the seeds run one by one.
+    keys = jax.random.split(jax.random.PRNGKey(5), 2)
+    states, metrics = tr.train_seeds(keys)
+    for i in range(2):
+      s, m = tr(keys[i])
+      np.testing.assert_allclose(np.asarray(metrics["loss"][i]), np.asarray(m["loss"]),
+                                 rtol=1e-4, atol=1e-5)
+      np.testing.assert_allclose(np.asarray(states.best_cost[i]), np.asarray(s.best_cost))
+    print("OK")
+""")
+
+
+@pytest.mark.slow
+def test_four_cpu_devices_match_one_device():
+  env = dict(os.environ)
+  env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4")
+  env["JAX_PLATFORMS"] = "cpu"
+  script = _MULTI_DEVICE.replace("{{", "{").replace("}}", "}")
+  proc = subprocess.run([sys.executable, "-c", script], env=env, cwd=ROOT, capture_output=True,
+                        text=True, timeout=1500, check=False)
+  assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+  assert "OK" in proc.stdout

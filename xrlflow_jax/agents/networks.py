@@ -1,0 +1,437 @@
+"""The agent's networks: a GAT-style graph encoder with a global update, two policy heads and a
+value head, in Flax linen over the padded graph of `xrlflow_jax.graph.layout`.
+
+Message passing is written directly on the layout's arrays (jraph's GraphsTuple fields:
+`senders`, `receivers`, `edges["valid"]`, node `alive`) with `jax.ops.segment_*`; padding edges
+(sender N) and dead slots are masked everywhere, so a graph's embedding does not depend on its
+capacity or on which slots happen to be free.
+
+Each layer attends in both directions of every edge: a consumer over its inputs (producer ->
+consumer) and a producer over its consumers (consumer -> producer), multi-head, with edge
+features (the tensor's log shape and the input slot) in keys and values. A global vector is
+updated from the mean of the alive nodes and fed back to every node (X-RLflow's global update).
+
+Policy heads over the environment's flat action space (R * L rewrites, then stop):
+  * "local": each (rule, location) is scored from the embeddings of the nodes it matched
+    (one projection per pattern slot), a learned rule embedding, its cost features
+    (`candidate_removed_cost`, `candidate_delta`) and the graph embedding.
+  * "candidates" (X-RLflow's): every candidate graph one rewrite would produce is built (one
+    vmapped edit kernel for all rules) and encoded by the same GNN; a shared scorer maps the
+    candidate's embedding, its difference to the current graph's, the rule embedding and its
+    exact modelled cost change to a logit. Works for any number of candidates.
+The stop action has its own logit from the graph embedding; the value comes from the same
+embedding. Invalid actions are masked by `distributions.MaskedCategorical`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Callable
+
+import chex
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from xrlflow_jax import ops
+from xrlflow_jax.errors import XrlflowError
+from xrlflow_jax.graph import layout
+from xrlflow_jax.rules import edit as edit_lib
+from xrlflow_jax.rules.ruleset import RuleSet
+
+HEADS = ("local", "candidates")
+NodeCostFn = Callable[[layout.Graph], jax.Array]  # graph -> float32[N]
+
+
+class AgentError(XrlflowError):
+  """A bad agent or training configuration (unknown head, sizes that do not divide, ...)."""
+
+
+# ----------------------------------------------------------------------------------------------
+# Inputs (no parameters)
+# ----------------------------------------------------------------------------------------------
+
+@chex.dataclass(frozen=True)
+class EncoderInputs:
+  """What the encoder reads of one graph (N node slots, E = N * K edge slots).
+
+  Attributes:
+    op: int32[N] op codes; dtype: int32[N] dtypes.
+    node_feats: float32[N, F]: signed-log attributes, log shape, rank one-hot, flags, level,
+      node cost as a fraction of the reference cost.
+    edge_feats: float32[E, Fe]: log shape of the tensor on the edge, input slot one-hot,
+      whether it is constant.
+    senders: int32[E] producer slot (N for padding); receivers: int32[E] consumer slot.
+    edge_valid: bool[E] the edge exists between two alive nodes; alive: bool[N].
+  """
+  op: jax.Array
+  dtype: jax.Array
+  node_feats: jax.Array
+  edge_feats: jax.Array
+  senders: jax.Array
+  receivers: jax.Array
+  edge_valid: jax.Array
+  alive: jax.Array
+
+
+def _signed_log(x: jax.Array) -> jax.Array:
+  return jnp.sign(x) * jnp.log1p(jnp.abs(x))
+
+
+def encoder_inputs(graph: layout.Graph, node_cost: jax.Array, scale: jax.Array) -> EncoderInputs:
+  """Features of one graph for the encoder.
+
+  Args:
+    graph: a padded graph (N slots, K input slots).
+    node_cost: float32[N] modelled per-node costs.
+    scale: float32[] the reference cost (the current graph's total); node costs enter as
+      fractions of it so features do not depend on the device's absolute speed.
+  Returns:
+    EncoderInputs of that graph.
+  """
+  nd = graph.nodes
+  n = nd["op"].shape[-1]
+  k = graph.senders.shape[-1] // n
+  r = ops.MAX_RANK
+  alive = nd["alive"]
+  rank = jnp.clip(nd["rank"], 0, r)
+  pos = jnp.arange(r)
+  in_rank = pos[None, :] >= (r - rank)[:, None]  # shapes are right-aligned
+  log_shape = jnp.where(in_rank, jnp.log(jnp.maximum(nd["shape"], 1).astype(jnp.float32)), 0.0)
+  level = nd["level"].astype(jnp.float32)
+  max_level = jnp.max(jnp.where(alive, level, 0.0))
+  frac = node_cost / jnp.maximum(scale, 1e-12)
+  feats = jnp.concatenate([
+      _signed_log(nd["attrs"].astype(jnp.float32)) / 4.0,
+      log_shape / 4.0,
+      jnp.sum(log_shape, -1, keepdims=True) / 10.0,
+      jax.nn.one_hot(rank, r + 1),
+      jnp.stack([nd["is_constant"], nd["is_output"], nd["op"] == ops.Op.INPUT,
+                 nd["op"] == ops.Op.CONSTANT], -1).astype(jnp.float32),
+      (level / (max_level + 1.0))[:, None],
+      frac[:, None] * 10.0,
+      jnp.log1p(100.0 * jnp.maximum(frac, 0.0))[:, None],
+  ], axis=-1)
+  feats = jnp.where(alive[:, None], feats, 0.0)
+
+  senders = graph.senders
+  safe = jnp.minimum(senders, n - 1)
+  edge_valid = graph.edges["valid"] & (senders < n) & alive[safe] & alive[graph.receivers]
+  edge_feats = jnp.concatenate([
+      log_shape[safe] / 4.0,
+      jax.nn.one_hot(jnp.arange(n * k) % k, k),
+      nd["is_constant"][safe][:, None].astype(jnp.float32),
+  ], axis=-1)
+  edge_feats = jnp.where(edge_valid[:, None], edge_feats, 0.0)
+  return EncoderInputs(op=jnp.where(alive, nd["op"], 0), dtype=jnp.where(alive, nd["dtype"], 0),
+                       node_feats=feats, edge_feats=edge_feats,
+                       senders=jnp.where(edge_valid, senders, n), receivers=graph.receivers,
+                       edge_valid=edge_valid, alive=alive)
+
+
+def candidate_graphs(ruleset: RuleSet, graph: layout.Graph, cand_nodes: jax.Array,
+                     mask: jax.Array) -> tuple[layout.Graph, jax.Array]:
+  """Every graph one rewrite of `graph` would produce, stacked rule-major.
+
+  The rule-specific plans are padded to the RuleSet's common edit size and stacked, so the
+  shape rules and the edit kernel are traced once for all R * L candidates (one vmap).
+
+  Args:
+    ruleset: the environment's rules (R rules, L locations, P pattern slots).
+    graph: the current graph.
+    cand_nodes: int32[R, L, P] matched nodes (`Observation.candidate_nodes`).
+    mask: bool[R, L] valid locations.
+  Returns:
+    (graphs with a leading axis R * L, ok bool[R * L]: the candidate exists and was applied).
+  """
+  plans = []
+  for r, c in enumerate(ruleset.compiled):
+    def plan(nodes, c=c):
+      return c.plan(graph, nodes[:c.rule.num_slots], ruleset.max_new, ruleset.max_redirects,
+                    ruleset.max_freed)
+    plans.append(jax.vmap(plan)(cand_nodes[r]))
+  stacked = jax.tree_util.tree_map(lambda *xs: jnp.concatenate(xs, 0), *plans)
+
+  def build(e):
+    return edit_lib.apply_edit(graph, edit_lib.complete(graph, e))
+  graphs, ok = jax.vmap(build)(stacked)
+  return graphs, ok & mask.reshape(-1)
+
+
+# ----------------------------------------------------------------------------------------------
+# Modules
+# ----------------------------------------------------------------------------------------------
+
+def _masked_mean(h: jax.Array, mask: jax.Array) -> jax.Array:
+  """float32[H]: mean of rows of h[N, H] where mask[N] (zeros if none)."""
+  w = mask.astype(h.dtype)[:, None]
+  return jnp.sum(h * w, 0) / jnp.maximum(jnp.sum(w), 1.0)
+
+
+def _masked_max(h: jax.Array, mask: jax.Array) -> jax.Array:
+  """float32[H]: max of rows of h[N, H] where mask[N] (zeros if none)."""
+  m = jnp.max(jnp.where(mask[:, None], h, -1e9), 0)
+  return jnp.where(jnp.any(mask), m, 0.0)
+
+
+def segment_softmax_sum(logits: jax.Array, values: jax.Array, valid: jax.Array,
+                        segments: jax.Array, num_segments: int) -> jax.Array:
+  """Attention-weighted sum of `values` per segment (softmax over each segment's valid rows).
+
+  Args:
+    logits: float32[E, h] attention logits; values: float32[E, h, d].
+    valid: bool[E] rows that take part; segments: int32[E] in [0, num_segments] (the extra
+      segment `num_segments` collects padding and is dropped).
+    num_segments: S.
+  Returns:
+    float32[S, h, d]; zero for segments with no valid row.
+  """
+  logits = jnp.where(valid[:, None], logits, -1e9)
+  top = jax.ops.segment_max(logits, segments, num_segments + 1)
+  # Empty segments give -inf; keep every exponent finite so masked rows have zero gradient.
+  top = jax.lax.stop_gradient(jnp.where(jnp.isfinite(top), top, 0.0))
+  w = jnp.where(valid[:, None], jnp.exp(logits - top[segments]), 0.0)
+  den = jax.ops.segment_sum(w, segments, num_segments + 1)
+  num = jax.ops.segment_sum(w[..., None] * values, segments, num_segments + 1)
+  return (num / jnp.maximum(den, 1e-9)[..., None])[:num_segments]
+
+
+class MLP(nn.Module):
+  """Dense layers with ReLU between them (none after the last)."""
+  features: tuple[int, ...]
+
+  @nn.compact
+  def __call__(self, x: jax.Array) -> jax.Array:
+    for i, f in enumerate(self.features):
+      x = nn.Dense(f)(x)
+      if i + 1 < len(self.features):
+        x = nn.relu(x)
+    return x
+
+
+class GATLayer(nn.Module):
+  """One round of two-way multi-head edge attention with a global update.
+
+  Attributes:
+    hidden: H (divisible by `heads`); heads: attention heads.
+  """
+  hidden: int
+  heads: int
+
+  @nn.compact
+  def __call__(self, h: jax.Array, g: jax.Array, e: jax.Array,
+               x: EncoderInputs) -> tuple[jax.Array, jax.Array]:
+    """h: float32[N, H] nodes; g: float32[H] global; e: float32[E, H] edges -> (h', g')."""
+    n, hid = h.shape
+    d = hid // self.heads
+    h_pad = jnp.concatenate([h, jnp.zeros([1, hid], h.dtype)])
+    hs, hr = h_pad[x.senders], h[x.receivers]  # [E, H]
+
+    def attend(query_src, kv_src, segments, name):
+      q = nn.Dense(hid, name=f"{name}_q")(query_src).reshape(-1, self.heads, d)
+      kv = jnp.concatenate([kv_src, e], -1)
+      k = nn.Dense(hid, name=f"{name}_k")(kv).reshape(-1, self.heads, d)
+      v = nn.Dense(hid, name=f"{name}_v")(kv).reshape(-1, self.heads, d)
+      logits = jnp.sum(q * k, -1) / math.sqrt(d)
+      return segment_softmax_sum(logits, v, x.edge_valid, segments, n).reshape(n, hid)
+
+    fwd = attend(hr, hs, x.receivers, "fwd")  # each consumer over its inputs
+    bwd = attend(hs, hr, x.senders, "bwd")  # each producer over its consumers
+    g_new = g + MLP((hid, hid), name="global")(jnp.concatenate([g, _masked_mean(h, x.alive)]))
+    g_new = nn.LayerNorm(name="global_norm")(g_new)
+    upd = MLP((2 * hid, hid), name="update")(
+        jnp.concatenate([h, fwd, bwd, jnp.broadcast_to(g_new, (n, hid))], -1))
+    h = nn.LayerNorm(name="norm")(h + upd)
+    return jnp.where(x.alive[:, None], h, 0.0), g_new
+
+
+class GraphEncoder(nn.Module):
+  """The GNN: embeddings of the node inputs, `layers` GAT layers, pooled graph embedding.
+
+  Returns (node embeddings float32[N, H], graph embedding float32[H]). With `remat`, each
+  layer's activations are recomputed in the backward pass instead of stored (the `candidates`
+  head encodes R * L graphs per observation; without it their edge activations dominate memory).
+  """
+  hidden: int = 64
+  layers: int = 5
+  heads: int = 4
+  remat: bool = False
+
+  @nn.compact
+  def __call__(self, x: EncoderInputs) -> tuple[jax.Array, jax.Array]:
+    hid = self.hidden
+    layer = nn.remat(GATLayer) if self.remat else GATLayer
+    op = nn.Embed(len(ops.Op), hid, name="op_embed")(x.op)
+    dt = nn.Embed(len(ops.DType), hid // 4, name="dtype_embed")(x.dtype)
+    h = MLP((hid, hid), name="node_in")(jnp.concatenate([op, dt, x.node_feats], -1))
+    h = jnp.where(x.alive[:, None], nn.LayerNorm(name="node_in_norm")(h), 0.0)
+    e = MLP((hid, hid), name="edge_in")(x.edge_feats)
+    g = MLP((hid,), name="global_in")(_masked_mean(h, x.alive))
+    for i in range(self.layers):
+      h, g = layer(hid, self.heads, name=f"gat_{i}")(h, g, e, x)
+    pooled = jnp.concatenate([_masked_mean(h, x.alive), _masked_max(h, x.alive), g])
+    return h, MLP((hid, hid), name="pool")(pooled)
+
+
+class ActorCritic(nn.Module):
+  """Policy logits over R * L + 1 actions and a value, for one observation.
+
+  Attributes:
+    head: "local" or "candidates"; num_rules: R; max_locations: L; hidden, layers, heads:
+    encoder sizes; remat: recompute encoder activations in the backward pass.
+  """
+  head: str
+  num_rules: int
+  max_locations: int
+  hidden: int = 64
+  layers: int = 5
+  heads: int = 4
+  remat: bool = False
+
+  def setup(self):
+    hid = self.hidden
+    # One set of encoder parameters, applied to a leading batch of graphs (the current graph,
+    # then candidates for the `candidates` head).
+    self.encoder = nn.vmap(GraphEncoder, in_axes=0, out_axes=0,
+                           variable_axes={"params": None}, split_rngs={"params": False})(
+                               hid, self.layers, self.heads, self.remat, name="encoder")
+    self.value_head = MLP((hid, hid, 1), name="value_head")
+    self.stop_head = MLP((hid, 1), name="stop_head")
+    self.rule_embed = nn.Embed(self.num_rules, hid, name="rule_embed")
+    self.cost_in = nn.Dense(hid, name="cost_in")
+    if self.head == "local":
+      self.slot_in = nn.DenseGeneral(hid, axis=(-2, -1), name="slot_in")
+      self.context_in = nn.Dense(hid, name="context_in")
+      self.scorer = MLP((hid, hid, 1), name="local_scorer")
+    elif self.head == "candidates":
+      self.scorer = MLP((hid, hid, 1), name="candidate_scorer")
+    else:
+      raise AgentError(f"unknown policy head {self.head!r}; use one of {HEADS}")
+
+  def value(self, current: EncoderInputs) -> jax.Array:
+    """float32[]: the value of the current graph alone (no policy head)."""
+    _, emb = self.encoder(jax.tree_util.tree_map(lambda a: a[None], current))
+    return self.value_head(emb[0])[0]
+
+  def __call__(self, current: EncoderInputs, cand_nodes: jax.Array, cost_feats: jax.Array,
+               candidates: EncoderInputs | None = None) -> tuple[jax.Array, jax.Array]:
+    """Logits float32[R * L + 1] (unmasked; stop last) and value float32[].
+
+    Args:
+      current: the current graph's encoder inputs.
+      cand_nodes: int32[R, L, P] matched nodes of every (rule, location).
+      cost_feats: float32[R, L, C] cost features of every candidate.
+      candidates: (the `candidates` head) encoder inputs of the R * L candidate graphs.
+    """
+    r, l = self.num_rules, self.max_locations
+    rules = jnp.broadcast_to(self.rule_embed(jnp.arange(r))[:, None, :], (r, l, self.hidden))
+    if self.head == "local":
+      h, emb = self.encoder(jax.tree_util.tree_map(lambda a: a[None], current))
+      h, emb = h[0], emb[0]
+      n = h.shape[0]
+      h_pad = jnp.concatenate([h, jnp.zeros([1, self.hidden], h.dtype)])
+      slots = h_pad[jnp.where(cand_nodes >= 0, cand_nodes, n)]  # [R, L, P, H]
+      z = (self.slot_in(slots) + rules + self.cost_in(cost_feats)
+           + self.context_in(emb)[None, None, :])
+      scores = self.scorer(nn.relu(z))[..., 0]
+    else:
+      if candidates is None:
+        raise AgentError("the candidates head needs the candidate graphs' encoder inputs")
+      both = jax.tree_util.tree_map(lambda a, b: jnp.concatenate([a[None], b], 0), current,
+                                    candidates)
+      _, embs = self.encoder(both)
+      emb, cand = embs[0], embs[1:].reshape(r, l, self.hidden)
+      z = jnp.concatenate([cand, cand - emb, rules, self.cost_in(cost_feats)], -1)
+      scores = self.scorer(z)[..., 0]
+    logits = jnp.concatenate([scores.reshape(-1), self.stop_head(emb)])
+    return logits, self.value_head(emb)[0]
+
+
+# ----------------------------------------------------------------------------------------------
+# The agent: observation -> (logits, value)
+# ----------------------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class AgentConfig:
+  """Network configuration (X-RLflow: 5 GAT layers, hidden 64).
+
+  Attributes:
+    head: "local" (scales to large graphs) or "candidates" (X-RLflow's; builds and encodes
+      every candidate graph: R * L encoder passes per observation).
+    hidden: H; layers: GAT layers; heads: attention heads (divides H).
+    remat: recompute the encoder's activations in the backward pass (less memory, ~1/3 more
+      compute; worth it for the `candidates` head).
+  """
+  head: str = "local"
+  hidden: int = 64
+  layers: int = 5
+  heads: int = 4
+  remat: bool = False
+
+  def validate(self) -> None:
+    if self.head not in HEADS:
+      raise AgentError(f"unknown policy head {self.head!r}; use one of {HEADS}")
+    if self.hidden < 4 or self.hidden % self.heads or self.hidden % 4:
+      raise AgentError(f"hidden ({self.hidden}) must be a multiple of 4 and of heads "
+                       f"({self.heads})")
+    if self.layers < 1:
+      raise AgentError(f"layers must be >= 1, got {self.layers}")
+
+
+class Agent:
+  """Binds the network to one RuleSet and cost model: `apply(params, obs) -> (logits, value)`.
+
+  Functions take ONE observation (`env.Observation`, unbatched); vmap them over a batch.
+
+  Args:
+    ruleset: the environment's RuleSet (R rules, L locations).
+    node_cost_fn: graph -> float32[N] modelled per-node costs (node features, cost scale, and
+      the exact cost change of candidates in the `candidates` head).
+    config: AgentConfig.
+  """
+
+  def __init__(self, ruleset: RuleSet, node_cost_fn: NodeCostFn, config: AgentConfig):
+    config.validate()
+    self.ruleset = ruleset
+    self.node_cost_fn = node_cost_fn
+    self.config = config
+    self.num_actions = ruleset.num_actions + 1
+    self.network = ActorCritic(config.head, len(ruleset), ruleset.max_locations, config.hidden,
+                               config.layers, config.heads, config.remat)
+
+  def _inputs(self, obs: Any) -> tuple[Any, ...]:
+    graph = obs.graph
+    costs = self.node_cost_fn(graph)
+    scale = jnp.sum(costs) + 1e-9
+    current = encoder_inputs(graph, costs, scale)
+    r, l = len(self.ruleset), self.ruleset.max_locations
+    mask = obs.action_mask[:-1].reshape(r, l)
+    if self.config.head == "candidates":
+      graphs, ok = candidate_graphs(self.ruleset, graph, obs.candidate_nodes, mask)
+      cand_costs = jax.vmap(self.node_cost_fn)(graphs)
+      delta = jnp.where(ok, jnp.sum(cand_costs, -1) - jnp.sum(costs), 0.0).reshape(r, l)
+      candidates = jax.vmap(encoder_inputs, in_axes=(0, 0, None))(graphs, cand_costs, scale)
+    else:
+      delta, candidates = obs.candidate_delta, None
+    removed = obs.candidate_removed_cost / scale
+    delta = delta / scale
+    cost_feats = jnp.stack([removed * 10.0, delta * 10.0, _signed_log(100.0 * delta),
+                            mask.astype(jnp.float32)], -1)
+    return current, obs.candidate_nodes, jnp.where(mask[..., None], cost_feats, 0.0), candidates
+
+  def init(self, key: jax.Array, obs: Any) -> Any:
+    """Parameters from one (unbatched) example observation."""
+    return self.network.init(key, *self._inputs(obs))
+
+  def apply(self, params: Any, obs: Any) -> tuple[jax.Array, jax.Array]:
+    """(logits float32[R * L + 1], value float32[]) for one observation; mask the logits with
+    `obs.action_mask` (`distributions.MaskedCategorical`)."""
+    return self.network.apply(params, *self._inputs(obs))
+
+  def value(self, params: Any, obs: Any) -> jax.Array:
+    """float32[]: the value alone (cheaper: no policy head, no candidate graphs)."""
+    graph = obs.graph
+    costs = self.node_cost_fn(graph)
+    current = encoder_inputs(graph, costs, jnp.sum(costs) + 1e-9)
+    return self.network.apply(params, current, method=ActorCritic.value)

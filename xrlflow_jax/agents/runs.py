@@ -1,0 +1,95 @@
+"""Building a training run from a config (ml_collections.ConfigDict or nested dicts): the graph
+pool, rules, cost model, environment, agent and trainer. Shared by `experiments/train.py`, the
+training benchmark and tests; see `experiments/configs/ppo.py` for the fields.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any, Sequence
+
+import jax
+
+from xrlflow_jax import cost, models
+from xrlflow_jax.agents.networks import Agent, AgentConfig, AgentError
+from xrlflow_jax.agents.ppo import PPOConfig, Trainer
+from xrlflow_jax.env import GraphRewriteEnv
+from xrlflow_jax.graph import Graph, ParamStore
+from xrlflow_jax.rules import RuleSet
+from xrlflow_jax.rules.library import builtin_rules
+
+
+@dataclasses.dataclass
+class Run:
+  """Everything a training run is made of.
+
+  Attributes:
+    names: one label per pool graph; graphs, params: the pool (graphs share one capacity).
+    coeffs: the cost model's coefficients; ruleset, env, agent, trainer.
+  """
+  names: list[str]
+  graphs: list[Graph]
+  params: list[ParamStore]
+  coeffs: cost.CostCoefficients
+  ruleset: RuleSet
+  env: GraphRewriteEnv
+  agent: Agent
+  trainer: Trainer
+
+
+def load_pool(model_cfg: Any) -> tuple[list[str], list[Graph], list[ParamStore]]:
+  """The graphs to optimise: an ONNX file, or zoo models joined by "+" (one pool)."""
+  capacity = int(model_cfg.capacity) or None
+  if model_cfg.onnx:
+    from xrlflow_jax import onnx_io  # pylint: disable=g-import-not-at-top
+    graph, params = onnx_io.load(model_cfg.onnx, random_weights=True, seed=int(model_cfg.seed),
+                                 capacity=capacity)
+    return [Path(model_cfg.onnx).stem], [graph], [params]
+  names = [n for n in str(model_cfg.name).split("+") if n]
+  if not names:
+    raise AgentError("the config names no model (set model.name or model.onnx)")
+  if capacity is None and len(names) > 1:
+    capacity = max(models.default_capacity(len(models.builder(n, model_cfg.size)))
+                   for n in names)
+  built = [models.build(n, model_cfg.size, seed=int(model_cfg.seed), capacity=capacity)
+           for n in names]
+  return names, [g for g, _ in built], [p for _, p in built]
+
+
+def select_rules(names: Sequence[str]):
+  """Built-in rules by name (("all",) for every one); AgentError lists unknown names."""
+  rules = builtin_rules()
+  if tuple(names) == ("all",):
+    return rules
+  by_name = {r.name: r for r in rules}
+  unknown = [n for n in names if n not in by_name]
+  if unknown:
+    raise AgentError(f"unknown rules {unknown}; built-in rules are {sorted(by_name)}")
+  return [by_name[n] for n in names]
+
+
+def load_cost(path: str) -> cost.CostCoefficients:
+  """Coefficients from a JSON file, or ("") the shipped fit for the default device."""
+  return cost.load_coefficients(path=path or None)
+
+
+def build(config: Any, devices: Sequence[jax.Device] | None = None,
+          coeffs: cost.CostCoefficients | None = None) -> Run:
+  """A Run from a config (see experiments/configs/ppo.py); `coeffs` overrides the config's."""
+  names, graphs, params = load_pool(config.model)
+  coeffs = coeffs if coeffs is not None else load_cost(config.env.cost_coefficients)
+  ruleset = RuleSet(select_rules(config.env.rules), max_locations=int(config.env.max_locations))
+
+  def cost_fn(g):
+    return cost.graph_cost(g, coeffs)
+
+  def node_cost_fn(g):
+    return cost.node_costs(g, coeffs)
+
+  env = GraphRewriteEnv(graphs, ruleset, cost_fn, int(config.env.horizon),
+                        reward_scale=float(config.env.reward_scale), node_cost_fn=node_cost_fn,
+                        exact_candidate_delta=bool(config.env.exact_candidate_delta))
+  agent = Agent(ruleset, node_cost_fn, AgentConfig(**dict(config.agent)))
+  trainer = Trainer(PPOConfig.from_mapping(config.ppo), env, agent, devices)
+  return Run(names, graphs, params, coeffs, ruleset, env, agent, trainer)
