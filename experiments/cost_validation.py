@@ -14,10 +14,8 @@ costed by the model; reports Spearman rank correlation and sign accuracy (see
 from __future__ import annotations
 
 import json
-import platform
 from pathlib import Path
 
-import jax
 from absl import app, flags
 
 from xrlflow_jax import models
@@ -48,14 +46,6 @@ _OUT = flags.DEFINE_string("out", None, "Write every measurement as JSON here.")
 _FIT_CACHE = flags.DEFINE_string(
     "fit_cache", None, "A profile cache folder the coefficients were fitted from: variants it "
     "measured side by side are excluded, so the validation is held out.")
-
-
-def machine_description(backend: str | None) -> str:
-  """e.g. 'cpu backend (cpu), 2 cores, jax 0.10.2'."""
-  import os  # pylint: disable=g-import-not-at-top
-  device = latency.resolve_device(backend)
-  return (f"{device.platform} backend ({device.device_kind}), {os.cpu_count()} CPU cores, "
-          f"{platform.machine()}, jax {jax.__version__}")
 
 
 def main(argv: list[str]) -> None:
@@ -90,10 +80,10 @@ def main(argv: list[str]) -> None:
           f"{res.latency_spread:.2f}x, control deviation {100 * res.control_dev:.1f}%, "
           f"{res.seconds:.0f}s", flush=True)
   print()
-  print(validate.markdown(results, machine_description(_BACKEND.value)))
+  print(validate.markdown(results, validate.machine_description(_BACKEND.value)))
   if _OUT.value:
     Path(_OUT.value).write_text(json.dumps(
-        {"machine": machine_description(_BACKEND.value), "coefficients": coeffs.to_json(),
+        {"machine": validate.machine_description(_BACKEND.value), "coefficients": coeffs.to_json(),
          "models": [r.to_json() for r in results]}, indent=1, default=str))
     print(f"wrote {_OUT.value}")
 

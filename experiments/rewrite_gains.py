@@ -17,11 +17,11 @@ from pathlib import Path
 
 from absl import app, flags
 
-from experiments.cost_validation import machine_description
 from xrlflow_jax import models
 from xrlflow_jax.cost import gains
 from xrlflow_jax.cost import latency
 from xrlflow_jax.cost import model as cost_model
+from xrlflow_jax.cost import validate
 from xrlflow_jax.cost.variants import RewriteWalker, load_model
 
 _MODELS = flags.DEFINE_list("models", ["bert", "resnet18", "squeezenet1_1"],
@@ -59,10 +59,10 @@ def main(argv: list[str]) -> None:
                                 rounds=_ROUNDS.value, repeats_per_round=_REPEATS.value,
                                 min_round_ms=_MIN_ROUND_MS.value, backend=_BACKEND.value)
   print()
-  print(gains.markdown(rows, machine_description(_BACKEND.value)))
+  print(gains.markdown(rows, validate.machine_description(_BACKEND.value)))
   if _OUT.value:
     Path(_OUT.value).write_text(json.dumps(
-        {"machine": machine_description(_BACKEND.value),
+        {"machine": validate.machine_description(_BACKEND.value),
          "rows": [dataclasses.asdict(r) for r in rows]}, indent=1))
     print(f"wrote {_OUT.value}")
 

@@ -171,11 +171,31 @@ def _qkv_build(merged: bool, seq: int, hidden: int):
   return b.build(CAP)
 
 
-def test_merged_qkv_costs_less_under_shipped_cpu_coefficients():
-  # Measured on the 2-core CPU at this size (BERT-default attention): merging the three
-  # projections is faster end to end (see experiments/rewrite_gains.py).
+def test_sibling_features_and_groups():
+  unmerged, merged = _qkv(False, 16, 64), _qkv(True, 16, 64)
+  sib = _feature(unmerged, "matmul.gflop_sibling")
+  lone = _feature(unmerged, "matmul.gflop")
+  assert (sib > 0).sum() == 3 and lone.sum() == 0
+  assert _feature(merged, "matmul.gflop_sibling").sum() == 0
+  assert _feature(merged, "matmul.gflop").sum() == pytest.approx(sib.sum())
+  groups = P.sibling_groups(unmerged)
+  assert len(groups) == 1 and len(groups[0][0].members) == 3 and groups[0][1] == 1
+  assert P.signature_from_key(groups[0][0].key) == groups[0][0]
+  assert not P.sibling_groups(merged)
+
+
+def test_merged_qkv_costs_more_under_shipped_cpu_coefficients():
+  # What measurements show on the 2-core CPU at BERT-default size ([64, 1024] tokens, three
+  # 1024x1024 projections): the merged projection is slower end to end, 1.07x in two
+  # interleaved runs (1.11-1.15x at [128, 768]), because XLA:CPU runs the three independent
+  # matmuls concurrently and the one wide matmul gains nothing in efficiency. The shipped
+  # coefficients reproduce the direction (sibling GFLOPs are cheaper than lone ones).
   coeffs = M.load_coefficients("cpu")
-  assert float(_graph_cost(_qkv(True), coeffs)) < float(_graph_cost(_qkv(False), coeffs))
+  unmerged = float(_graph_cost(_qkv(False), coeffs))
+  merged = float(_graph_cost(_qkv(True), coeffs))
+  assert merged > unmerged
+  named = coeffs.named()
+  assert named["matmul.gflop_sibling"] < named["matmul.gflop"]
 
 
 def test_shipped_coefficients_and_json_roundtrip(tmp_path):

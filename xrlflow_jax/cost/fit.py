@@ -92,11 +92,24 @@ class Pairs:
   Attributes:
     base: float[P, F] features of each base graph; variant: float[P, F] of each variant.
     ratio: float[P] measured variant / base; base_ms: float[P] the base's measured latency.
+    base_calls: float[P] executable calls the base takes (1 for a graph; k for k ops run one
+      at a time, as when a sibling group is compared with its members alone); default ones.
   """
   base: np.ndarray
   variant: np.ndarray
   ratio: np.ndarray
   base_ms: np.ndarray
+  base_calls: np.ndarray | None = None
+
+  @staticmethod
+  def concat(*parts: "Pairs | None") -> "Pairs | None":
+    parts = [p for p in parts if p is not None and len(p.ratio)]
+    if not parts:
+      return None
+    calls = [p.base_calls if p.base_calls is not None else np.ones(len(p.ratio)) for p in parts]
+    return Pairs(*(np.concatenate([getattr(p, f) for p in parts])
+                   for f in ("base", "variant", "ratio", "base_ms")),
+                 np.concatenate(calls))
 
 
 def fit_coefficients(features: np.ndarray, times_ms: np.ndarray, *, device_kind: str,
@@ -140,7 +153,10 @@ def fit_coefficients(features: np.ndarray, times_ms: np.ndarray, *, device_kind:
   b = y * w
   if pairs is not None and len(pairs.ratio):
     r = np.asarray(pairs.ratio, np.float64)[:, None]
-    rows = np.concatenate([1.0 - r, np.asarray(pairs.variant) - r * np.asarray(pairs.base)],
+    calls = (np.ones_like(r) if pairs.base_calls is None
+             else np.asarray(pairs.base_calls, np.float64)[:, None])
+    rows = np.concatenate([1.0 - r * calls,
+                           np.asarray(pairs.variant) - r * np.asarray(pairs.base)],
                           axis=1) / np.asarray(pairs.base_ms, np.float64)[:, None]
     a = np.concatenate([a, pair_weight * rows])
     b = np.concatenate([b, np.zeros(len(r))])
@@ -173,16 +189,38 @@ def fit_coefficients(features: np.ndarray, times_ms: np.ndarray, *, device_kind:
 def profile_rows(entries: dict[str, dict[str, Any]], *, epilogue_fusion: bool = False,
                  keys: Sequence[str] | None = None
                  ) -> tuple[np.ndarray, np.ndarray, list[profiler_lib.OpSignature]]:
-  """(features [S, F], median ms [S], signatures) of cached profile entries (the call entry and
-  unparsable keys are skipped)."""
+  """(features [S, F], median ms [S], signatures) of cached op and sibling-group profiles (the
+  call entry and whole-graph and side-by-side entries are skipped)."""
   sigs, times = [], []
   for key in keys if keys is not None else sorted(entries):
-    if key == profiler_lib.CALL_KEY or key.startswith((GRAPH_PREFIX, PAIR_PREFIX)) or key not in entries:
+    if (key == profiler_lib.CALL_KEY or key.startswith((GRAPH_PREFIX, PAIR_PREFIX))
+        or key not in entries):
       continue
     sigs.append(profiler_lib.signature_from_key(key))
     times.append(float(entries[key]["median_ms"]))
   feats = profiler_lib.single_op_features(sigs, epilogue_fusion)
   return feats, np.asarray(times), sigs
+
+
+def group_pairs(entries: dict[str, dict[str, Any]], *,
+                epilogue_fusion: bool = False) -> Pairs | None:
+  """Pair rows from sibling groups timed interleaved with their members alone (variant: the
+  group in one executable; base: the members one call each)."""
+  sigs, base_ms, ratio, calls = [], [], [], []
+  for key, entry in sorted(entries.items()):
+    if not key.startswith(profiler_lib.GROUP_PREFIX) or "members_ms" not in entry:
+      continue
+    total = float(sum(entry["members_ms"]))
+    sigs.append(profiler_lib.signature_from_key(key))
+    base_ms.append(total)
+    ratio.append(float(entry["median_ms"]) / total)
+    calls.append(len(entry["members_ms"]))
+  if not sigs:
+    return None
+  variant = profiler_lib.single_op_features(sigs, epilogue_fusion)
+  base = np.stack([profiler_lib.single_op_features(list(g.members), epilogue_fusion).sum(0)
+                   for g in sigs])
+  return Pairs(base, variant, np.asarray(ratio), np.asarray(base_ms), np.asarray(calls, float))
 
 
 def fit_from_profiles(entries: dict[str, dict[str, Any]], *, device_kind: str,
@@ -200,6 +238,7 @@ def fit_from_profiles(entries: dict[str, dict[str, Any]], *, device_kind: str,
     pairs, pair_weight: side-by-side ratios (see `fit_coefficients`).
   """
   feats, times, _ = profile_rows(entries, epilogue_fusion=epilogue_fusion)
+  pairs = Pairs.concat(pairs, group_pairs(entries, epilogue_fusion=epilogue_fusion))
   weights = np.ones(len(times))
   if call_ms is not None:
     feats = np.concatenate([feats, np.zeros([1, feats.shape[1]], np.float32)])
@@ -272,7 +311,8 @@ def collect_pairs(prof: profiler_lib.Profiler, base: GraphSample,
 def fit_on_graphs(prof: profiler_lib.Profiler, samples: Sequence[GraphSample], *,
                   variants: Sequence[Sequence[layout.Graph]] = (), end_to_end: bool = True,
                   graph_weight: float = 10.0, pair_weight: float = 10.0,
-                  epilogue_fusion: bool = False, progress: bool = False,
+                  epilogue_fusion: bool = False, sibling_groups: bool = True,
+                  progress: bool = False,
                   log: Any = print) -> tuple[CostCoefficients, FitReport, dict[str, Any]]:
   """Profiles every op signature of `samples` (and their variants) and fits this device.
 
@@ -285,6 +325,8 @@ def fit_on_graphs(prof: profiler_lib.Profiler, samples: Sequence[GraphSample], *
     end_to_end: also measure each sample whole and fit to it (weight `graph_weight` relative
       to one op row): ops timed alone overstate the per-kernel overhead that consecutive
       kernels of one executable share.
+    sibling_groups: also profile groups of sibling MatMuls/Conv2Ds together (see
+      `profiler.GroupSignature`): the rows the `*.gflop_sibling` coefficients come from.
   Returns:
     (coefficients, report, details) where details records the rows used.
   """
@@ -294,9 +336,11 @@ def fit_on_graphs(prof: profiler_lib.Profiler, samples: Sequence[GraphSample], *
                          "lists")
   keys: dict[str, None] = {}
   for s, vs in zip(samples, variants):
-    sigs: dict[profiler_lib.OpSignature, None] = {}
+    sigs: dict[Any, None] = {}
     for g in [s.graph, *vs]:
       sigs.update((sig, None) for sig, _ in profiler_lib.graph_signatures(g))
+      if sibling_groups:
+        sigs.update((grp, None) for grp, _ in profiler_lib.sibling_groups(g))
     before = prof.measure_count
     prof.profile_signatures(list(sigs), progress=progress)
     keys.update((sig.key, None) for sig in sigs)

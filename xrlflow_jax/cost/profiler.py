@@ -5,6 +5,9 @@ Each one becomes a single-op graph (every operand a graph input, so nothing is f
 with the executor, compiled with `jit` (compile excluded from timing), fed fixed random inputs
 and timed with `time_callable`. Results are cached on disk as JSON, one file per device kind and
 JAX version, keyed by signature, so a second run of the same model measures nothing new.
+Groups of sibling MatMuls/Conv2Ds (reading one tensor) are also profiled together, interleaved
+with their members alone, to measure what XLA:CPU's concurrent execution of independent kernels
+buys (see `GroupSignature`).
 
     prof = Profiler()                            # cache: $XRLFLOW_PROFILE_CACHE or
     result = prof.profile_graph(graph)           #   ~/.cache/xrlflow_jax/profiles
@@ -23,7 +26,7 @@ from typing import Any, Iterable, Sequence
 import jax
 import numpy as np
 
-from xrlflow_jax import executor, ops
+from xrlflow_jax import ops
 from xrlflow_jax.cost import latency
 from xrlflow_jax.cost import model as cost_model
 from xrlflow_jax.errors import XrlflowError
@@ -100,13 +103,94 @@ def graph_signatures(graph: layout.Graph) -> list[tuple[OpSignature, int]]:
   for v in host.topological_order(g):
     if not live[v] or nd["is_constant"][v] or int(nd["op"][v]) in (Op.INPUT, Op.CONSTANT):
       continue
-    inputs = [int(u) for u in table[v] if u >= 0]
-    sig = OpSignature(
-        ops.get(int(nd["op"][v])).name, tuple(int(a) for a in nd["attrs"][v]),
-        tuple(ops.unpad_shape(nd["shape"][u], nd["rank"][u]) for u in inputs),
-        tuple(DType(int(nd["dtype"][u])).name.lower() for u in inputs))
+    sig = _signature(g, table, int(v))
     counts[sig] = counts.get(sig, 0) + 1
   return list(counts.items())
+
+
+GROUP_PREFIX = "group|"
+GROUP_CAPACITY = 16
+MAX_GROUP = 7  # siblings profiled together at most (and as many as fit GROUP_CAPACITY slots)
+
+
+@dataclasses.dataclass(frozen=True)
+class GroupSignature:
+  """Sibling MatMuls/Conv2Ds that read one tensor, profiled together in one executable.
+
+  XLA:CPU runs independent kernels concurrently, so siblings cost less together than one at a
+  time; groups are what the cost model's `*.gflop_sibling` coefficients are fitted from.
+  Every member's first operand is the same shape; in the graph it is one shared input.
+  """
+  members: tuple[OpSignature, ...]
+  op = "group"
+
+  @property
+  def key(self) -> str:
+    return GROUP_PREFIX + "||".join(m.key for m in self.members)
+
+  def describe(self) -> str:
+    return f"{len(self.members)} siblings: " + "; ".join(m.describe() for m in self.members)
+
+  def single_op_graph(self) -> tuple[layout.Graph, Any]:
+    """The siblings alone: one shared first input, their other operands, each an output."""
+    first = self.members[0]
+    b = GraphBuilder(max_inputs=layout.DEFAULT_MAX_INPUTS, name=self.describe())
+    x = b.input(first.in_shapes[0], dtype=first.in_dtypes[0])
+    outs = []
+    for m in self.members:
+      rest = [b.input(sh, dtype=dt) for sh, dt in zip(m.in_shapes[1:], m.in_dtypes[1:])]
+      spec = ops.get(m.op)
+      outs.append(b.node(spec.code, [x, *rest],
+                         **spec.decode_attrs(np.asarray(m.attrs, np.int32))))
+    b.output(*outs)
+    return b.build(GROUP_CAPACITY)
+
+
+def sibling_groups(graph: layout.Graph) -> list[tuple[GroupSignature, int]]:
+  """Groups of >= 2 MatMul / ungrouped Conv2D nodes reading one tensor (through bitcasts) as
+  their first operand with the same shape, with how often each group occurs (host)."""
+  g = layout.to_host(graph)
+  nd = g.nodes
+  table = layout.input_table(g)
+  live = np.asarray(jax.jit(transforms.live_nodes)(graph))
+  bitcast = {int(Op.RESHAPE), int(Op.SQUEEZE), int(Op.UNSQUEEZE)}
+  groups_attr = ops.get(Op.CONV2D).attr_offsets()["groups"][0]
+  by_source: dict[tuple[int, tuple[int, ...]], list[int]] = {}
+  for v in np.flatnonzero(nd["alive"] & live & ~nd["is_constant"]):
+    op = int(nd["op"][v])
+    if op not in (Op.MATMUL, Op.CONV2D) or table[v][0] < 0:
+      continue
+    if op == Op.CONV2D and nd["attrs"][v][groups_attr] > 1:
+      continue
+    u = int(table[v][0])
+    for _ in range(4):
+      if int(nd["op"][u]) in bitcast and not nd["is_constant"][u] and table[u][0] >= 0:
+        u = int(table[u][0])
+    shape = ops.unpad_shape(nd["shape"][table[v][0]], nd["rank"][table[v][0]])
+    by_source.setdefault((u, shape), []).append(int(v))
+  counts: dict[GroupSignature, int] = {}
+  for members in by_source.values():
+    sigs, slots = [], 1  # the shared input
+    for v in members[:MAX_GROUP]:
+      sig = _signature(g, table, v)
+      if slots + len(sig.in_shapes) > GROUP_CAPACITY:  # the op and its other operands
+        break
+      sigs.append(sig)
+      slots += len(sig.in_shapes)
+    if len(sigs) < 2:
+      continue
+    group = GroupSignature(tuple(sorted(sigs, key=lambda s: s.key)))
+    counts[group] = counts.get(group, 0) + 1
+  return list(counts.items())
+
+
+def _signature(g: layout.Graph, table: np.ndarray, v: int) -> OpSignature:
+  nd = g.nodes
+  inputs = [int(u) for u in table[v] if u >= 0]
+  return OpSignature(
+      ops.get(int(nd["op"][v])).name, tuple(int(a) for a in nd["attrs"][v]),
+      tuple(ops.unpad_shape(nd["shape"][u], nd["rank"][u]) for u in inputs),
+      tuple(DType(int(nd["dtype"][u])).name.lower() for u in inputs))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -204,7 +288,8 @@ class GraphProfile:
       model = dict(zip((r.signature.key for r in rows),
                        single_op_costs([r.signature for r in rows], coeffs)))
     lines = [f"{'op':<14}{'class':<8}{'count':>6}{'median ms':>12}{'IQR ms':>10}"
-             f"{'net x count':>13}" + (f"{'model ms':>10}" if model else "") + "  cached  signature"]
+             f"{'net x count':>13}" + (f"{'model ms':>10}" if model else "")
+             + "  cached  signature"]
     for r in rows[:limit]:
       net = r.count * max(r.median_ms - self.call_ms, 0.0)
       cls = cost_model.op_class_name(ops.get(r.signature.op).code, r.signature.attrs)
@@ -263,17 +348,38 @@ class Profiler:
         self.cache.save()
     return float(entry["median_ms"])
 
-  def measure(self, sig: OpSignature) -> dict[str, Any]:
+  def measure(self, sig: OpSignature | GroupSignature) -> dict[str, Any]:
     """Compiles `sig` alone and times it (no cache lookup). ProfileError if it cannot run."""
     try:
       graph, params = sig.single_op_graph()
     except XrlflowError as e:
       raise ProfileError(f"cannot build {sig.describe()} alone: {e}") from None
     compiled = latency.compile_graph(graph, params, device=self.device, seed=self.seed)
+    if isinstance(sig, GroupSignature):
+      return self._measure_group(sig, compiled)
     times = self._time(compiled.fn, compiled.args)
     return self._entry(times, compiled.compile_s, op=sig.op, describe=sig.describe())
 
-  def profile_signatures(self, sigs: Iterable[OpSignature], *, save: bool = True,
+  def _measure_group(self, sig: GroupSignature,
+                     compiled: latency.CompiledGraph) -> dict[str, Any]:
+    """A sibling group timed interleaved with each member alone: the ratio of the group to the
+    members one at a time is what concurrency buys, measured under the same machine load."""
+    members = [latency.compile_graph(*m.single_op_graph(), device=self.device, seed=self.seed)
+               for m in sig.members]
+    self.measure_count += 1
+    guess = float(np.median(latency.time_callable(compiled.fn, compiled.args, repeats=3)))
+    per_round = max(self.repeats // 5, int(np.ceil(20.0 / max(guess, 1e-3))), 1)
+    stats = latency.measure_interleaved([compiled, *members], rounds=5,
+                                        repeats_per_round=per_round, warmup=self.warmup)
+    group = stats[0]
+    return {"median_ms": group.median_ms, "q1_ms": group.q1_ms, "q3_ms": group.q3_ms,
+            "runs": group.runs, "compile_s": round(compiled.compile_s, 4),
+            "members_ms": [st.median_ms for st in stats[1:]],
+            "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S"), "op": sig.op,
+            "describe": sig.describe()}
+
+  def profile_signatures(self, sigs: Iterable[OpSignature | GroupSignature], *,
+                         save: bool = True,
                          progress: bool = False) -> dict[str, dict[str, Any]]:
     """Cache entries of `sigs`, measuring (and caching) those not yet cached."""
     out = {}
@@ -309,8 +415,9 @@ class Profiler:
 _FEATURES_JIT: dict[bool, Any] = {}
 
 
-def single_op_features(sigs: Sequence[OpSignature], epilogue_fusion: bool = False) -> np.ndarray:
-  """float32[S, F]: the cost features of each signature's single-op graph (what is timed)."""
+def single_op_features(sigs: Sequence[OpSignature | GroupSignature],
+                       epilogue_fusion: bool = False) -> np.ndarray:
+  """float32[S, F]: the cost features of each signature's graph (what is timed)."""
   if epilogue_fusion not in _FEATURES_JIT:
     _FEATURES_JIT[epilogue_fusion] = jax.jit(
         lambda g: cost_model.graph_features(g, epilogue_fusion))
@@ -329,8 +436,11 @@ def single_op_costs(sigs: Sequence[OpSignature],
   return feats.astype(np.float64) @ np.asarray(coeffs.weights, np.float64)
 
 
-def signature_from_key(key: str) -> OpSignature:
-  """Inverse of `OpSignature.key`; ProfileError for a malformed key."""
+def signature_from_key(key: str) -> OpSignature | GroupSignature:
+  """Inverse of `OpSignature.key` and `GroupSignature.key`; ProfileError for a malformed key."""
+  if key.startswith(GROUP_PREFIX):
+    return GroupSignature(tuple(signature_from_key(k)
+                                for k in key[len(GROUP_PREFIX):].split("||")))
   try:
     op, attrs, shapes, dtypes = key.split("|")
     in_shapes = tuple(() if s == "scalar" else tuple(int(d) for d in s.split("x"))

@@ -11,6 +11,8 @@ latency change between the original and a one-step neighbour right, and the meas
 from __future__ import annotations
 
 import dataclasses
+import os
+import platform
 import time
 from typing import Any, Callable, Collection, Sequence
 
@@ -285,11 +287,19 @@ def validate_model(graph: layout.Graph, params: ParamStore, coeffs: cost_model.C
                          time.perf_counter() - t_start)
 
 
+def machine_description(backend: str | None = None) -> str:
+  """e.g. 'cpu backend (cpu), 2 CPU cores, x86_64, jax 0.10.2'."""
+  device = latency.resolve_device(backend)
+  return (f"{device.platform} backend ({device.device_kind}), {os.cpu_count()} CPU cores, "
+          f"{platform.machine()}, jax {jax.__version__}")
+
+
 def markdown(rows: Sequence[ModelValidation], machine: str) -> str:
   """The summary table of a validation run."""
   lines = [f"Cost model vs measured XLA latency ({machine})", "",
            "| model | nodes | graphs | measured ms | model ms | latency spread | Spearman (all) "
-           "| Spearman (walks) | sign acc. (pairs) | model ties quiet | noise thr. | control dev. |",
+           "| Spearman (walks) | sign acc. (pairs) | model ties quiet | noise thr. "
+           "| control dev. |",
            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
   for r in rows:
     n = sum(i.kind != "control" for i in r.items) + 1
