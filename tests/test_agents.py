@@ -215,7 +215,37 @@ def test_masked_categorical_never_samples_masked_actions():
 # Networks
 # ----------------------------------------------------------------------------------------------
 
-@pytest.mark.slow  # compiles a full training run; see README for -m slow
+def test_encoder_ignores_free_slots_and_padding_edges():
+  """The graph embedding is the same at two capacities and after moving nodes to other slots."""
+  from xrlflow_jax.agents import GraphEncoder, encoder_inputs  # pylint: disable=g-import-not-at-top
+  enc = GraphEncoder(hidden=16, layers=2, heads=2)
+
+  def inputs(graph):
+    costs = _node_costs(graph)
+    return encoder_inputs(graph, costs, jnp.sum(costs))
+
+  g32, _ = toy_graph(32)
+  g48, _ = toy_graph(48)
+  n = G.capacity(g48)
+  perm = np.random.default_rng(0).permutation(n)  # new slot i holds old slot perm[i]
+  moved = G.permute_slots(g48, perm)
+  x32 = jax.jit(inputs)(g32)
+  params = jax.jit(enc.init)(jax.random.PRNGKey(0), x32)
+  embed = jax.jit(lambda x: enc.apply(params, x))
+  h32, e32 = embed(x32)
+  h48, e48 = embed(jax.jit(inputs)(g48))
+  hm, em = embed(jax.jit(inputs)(moved))
+  np.testing.assert_allclose(np.asarray(e32), np.asarray(e48), rtol=1e-4, atol=1e-5)
+  np.testing.assert_allclose(np.asarray(e48), np.asarray(em), rtol=1e-4, atol=1e-5)
+  alive = np.asarray(g48.nodes["alive"])
+  np.testing.assert_allclose(np.asarray(hm)[np.argsort(perm)][alive], np.asarray(h48)[alive],
+                             rtol=1e-4, atol=1e-5)
+  assert (np.asarray(h48)[~alive] == 0).all() and np.isfinite(np.asarray(e48)).all()
+  np.testing.assert_allclose(np.asarray(h32)[:int(alive.sum())],
+                             np.asarray(h48)[:int(alive.sum())], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.slow  # compiles the rules' matcher; see README for -m slow
 def test_local_head_does_not_depend_on_padding(ruleset):
   agent = Agent(ruleset, _node_costs, AgentConfig(hidden=16, layers=2, heads=2))
   obs = []
@@ -232,7 +262,7 @@ def test_local_head_does_not_depend_on_padding(ruleset):
   np.testing.assert_allclose(float(value32), float(v32), rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.slow  # compiles a full training run; see README for -m slow
+@pytest.mark.slow  # compiles the rules' matcher and edit kernel; see README for -m slow
 def test_candidate_graphs_match_applying_each_action(ruleset):
   graph, _ = toy_graph()
   graph = ruleset.jit_apply_action(graph, ruleset.jit_match(graph), 0)[0]  # the merge
@@ -251,7 +281,7 @@ def test_candidate_graphs_match_applying_each_action(ruleset):
   assert costs[mask.reshape(-1)].min() == pytest.approx(OPTIMUM)
 
 
-@pytest.mark.slow  # compiles a full training run; see README for -m slow
+@pytest.mark.slow  # compiles the rules' matcher and edit kernel; see README for -m slow
 def test_candidates_head_scores_every_action(env, ruleset):
   agent = Agent(ruleset, _node_costs, AgentConfig(head="candidates", hidden=16, layers=1,
                                                   heads=2))

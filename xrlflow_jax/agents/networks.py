@@ -60,15 +60,16 @@ class EncoderInputs:
     op: int32[N] op codes; dtype: int32[N] dtypes.
     node_feats: float32[N, F]: signed-log attributes, log shape, rank one-hot, flags, level,
       node cost as a fraction of the reference cost.
-    edge_feats: float32[E, Fe]: log shape of the tensor on the edge, input slot one-hot,
-      whether it is constant.
+    tensor_feats: float32[N, Ft]: features of each node's output tensor as it travels along
+      the node's out-edges (log shape, constness, dtype); an edge's features are those of its
+      sender's tensor plus an embedding of its input slot (edge slot e is slot e % K).
     senders: int32[E] producer slot (N for padding); receivers: int32[E] consumer slot.
     edge_valid: bool[E] the edge exists between two alive nodes; alive: bool[N].
   """
   op: jax.Array
   dtype: jax.Array
   node_feats: jax.Array
-  edge_feats: jax.Array
+  tensor_feats: jax.Array
   senders: jax.Array
   receivers: jax.Array
   edge_valid: jax.Array
@@ -92,7 +93,6 @@ def encoder_inputs(graph: layout.Graph, node_cost: jax.Array, scale: jax.Array) 
   """
   nd = graph.nodes
   n = nd["op"].shape[-1]
-  k = graph.senders.shape[-1] // n
   r = ops.MAX_RANK
   alive = nd["alive"]
   rank = jnp.clip(nd["rank"], 0, r)
@@ -118,14 +118,14 @@ def encoder_inputs(graph: layout.Graph, node_cost: jax.Array, scale: jax.Array) 
   senders = graph.senders
   safe = jnp.minimum(senders, n - 1)
   edge_valid = graph.edges["valid"] & (senders < n) & alive[safe] & alive[graph.receivers]
-  edge_feats = jnp.concatenate([
-      log_shape[safe] / 4.0,
-      jax.nn.one_hot(jnp.arange(n * k) % k, k),
-      nd["is_constant"][safe][:, None].astype(jnp.float32),
+  tensor_feats = jnp.concatenate([
+      log_shape / 4.0,
+      nd["is_constant"][:, None].astype(jnp.float32),
+      jax.nn.one_hot(nd["dtype"], len(ops.DType)),
   ], axis=-1)
-  edge_feats = jnp.where(edge_valid[:, None], edge_feats, 0.0)
+  tensor_feats = jnp.where(alive[:, None], tensor_feats, 0.0)
   return EncoderInputs(op=jnp.where(alive, nd["op"], 0), dtype=jnp.where(alive, nd["dtype"], 0),
-                       node_feats=feats, edge_feats=edge_feats,
+                       node_feats=feats, tensor_feats=tensor_feats,
                        senders=jnp.where(edge_valid, senders, n), receivers=graph.receivers,
                        edge_valid=edge_valid, alive=alive)
 
@@ -213,6 +213,11 @@ class MLP(nn.Module):
 class GATLayer(nn.Module):
   """One round of two-way multi-head edge attention with a global update.
 
+  Keys and values of an edge are linear in [neighbour embedding, edge embedding], and an edge's
+  embedding is its sender's tensor embedding plus its slot embedding, so every projection is
+  computed once per node (or slot) and gathered onto the edges: the E = N * K edge slots, most of
+  them padding, only see gathers and elementwise work.
+
   Attributes:
     hidden: H (divisible by `heads`); heads: attention heads.
   """
@@ -220,24 +225,40 @@ class GATLayer(nn.Module):
   heads: int
 
   @nn.compact
-  def __call__(self, h: jax.Array, g: jax.Array, e: jax.Array,
+  def __call__(self, h: jax.Array, g: jax.Array, t: jax.Array, slot: jax.Array,
                x: EncoderInputs) -> tuple[jax.Array, jax.Array]:
-    """h: float32[N, H] nodes; g: float32[H] global; e: float32[E, H] edges -> (h', g')."""
+    """h: float32[N, H] nodes; g: float32[H] global; t: float32[N, H] tensor embeddings;
+    slot: float32[K, H] input-slot embeddings -> (h', g')."""
     n, hid = h.shape
+    k = slot.shape[0]
     d = hid // self.heads
-    h_pad = jnp.concatenate([h, jnp.zeros([1, hid], h.dtype)])
-    hs, hr = h_pad[x.senders], h[x.receivers]  # [E, H]
+    edge_slot = jnp.arange(x.senders.shape[0]) % k
 
-    def attend(query_src, kv_src, segments, name):
-      q = nn.Dense(hid, name=f"{name}_q")(query_src).reshape(-1, self.heads, d)
-      kv = jnp.concatenate([kv_src, e], -1)
-      k = nn.Dense(hid, name=f"{name}_k")(kv).reshape(-1, self.heads, d)
-      v = nn.Dense(hid, name=f"{name}_v")(kv).reshape(-1, self.heads, d)
-      logits = jnp.sum(q * k, -1) / math.sqrt(d)
-      return segment_softmax_sum(logits, v, x.edge_valid, segments, n).reshape(n, hid)
+    def pad(a):  # row N is zero: what padding edges (sender N) gather
+      return jnp.concatenate([a, jnp.zeros([1, a.shape[-1]], a.dtype)])
 
-    fwd = attend(hr, hs, x.receivers, "fwd")  # each consumer over its inputs
-    bwd = attend(hs, hr, x.senders, "bwd")  # each producer over its consumers
+    def project(name, kv_at):
+      """Per-edge queries (at the query end) and keys/values (from the other end and the edge)."""
+      def proj(part, bias=True):
+        return nn.Dense(hid, use_bias=bias, name=f"{name}_{part}")
+
+      edge_k, edge_v = proj("ek", False), proj("ev", False)
+      key = pad(proj("k")(h))[kv_at] + pad(edge_k(t))[x.senders] + edge_k(slot)[edge_slot]
+      val = pad(proj("v")(h))[kv_at] + pad(edge_v(t))[x.senders] + edge_v(slot)[edge_slot]
+      return proj("q")(h), key.reshape(-1, self.heads, d), val.reshape(-1, self.heads, d)
+
+    # Forward: each consumer attends over its K input slots. Receivers are fixed (edge n*K + k
+    # ends at node n), so this is a softmax over a reshaped [N, K] axis: no scatter.
+    q, key, val = project("fwd", x.senders)
+    logits = jnp.sum(q.reshape(n, 1, self.heads, d) * key.reshape(n, k, self.heads, d), -1)
+    valid = x.edge_valid.reshape(n, k, 1)
+    logits = jnp.where(valid, logits / math.sqrt(d), -1e9)
+    w = jnp.where(valid, jax.nn.softmax(logits, axis=1), 0.0)  # [N, K, heads]
+    fwd = jnp.sum(w[..., None] * val.reshape(n, k, self.heads, d), 1).reshape(n, hid)
+    # Backward: each producer attends over its consumers (any number): segment softmax.
+    q, key, val = project("bwd", x.receivers)
+    logits = jnp.sum(pad(q)[x.senders].reshape(-1, self.heads, d) * key, -1) / math.sqrt(d)
+    bwd = segment_softmax_sum(logits, val, x.edge_valid, x.senders, n).reshape(n, hid)
     g_new = g + MLP((hid, hid), name="global")(jnp.concatenate([g, _masked_mean(h, x.alive)]))
     g_new = nn.LayerNorm(name="global_norm")(g_new)
     upd = MLP((2 * hid, hid), name="update")(
@@ -266,10 +287,13 @@ class GraphEncoder(nn.Module):
     dt = nn.Embed(len(ops.DType), hid // 4, name="dtype_embed")(x.dtype)
     h = MLP((hid, hid), name="node_in")(jnp.concatenate([op, dt, x.node_feats], -1))
     h = jnp.where(x.alive[:, None], nn.LayerNorm(name="node_in_norm")(h), 0.0)
-    e = MLP((hid, hid), name="edge_in")(x.edge_feats)
+    n = x.op.shape[0]
+    t = MLP((hid, hid), name="tensor_in")(x.tensor_feats)
+    slot = nn.Embed(x.senders.shape[0] // n, hid, name="slot_embed")(
+        jnp.arange(x.senders.shape[0] // n))
     g = MLP((hid,), name="global_in")(_masked_mean(h, x.alive))
     for i in range(self.layers):
-      h, g = layer(hid, self.heads, name=f"gat_{i}")(h, g, e, x)
+      h, g = layer(hid, self.heads, name=f"gat_{i}")(h, g, t, slot, x)
     pooled = jnp.concatenate([_masked_mean(h, x.alive), _masked_max(h, x.alive), g])
     return h, MLP((hid, hid), name="pool")(pooled)
 

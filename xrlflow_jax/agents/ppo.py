@@ -319,7 +319,8 @@ class Trainer:
       (_, stats), grads = jax.value_and_grad(self._loss, has_aux=True)(params, batch)
       updates, opt_state = self.optimizer.update(grads, opt_state, params)
       params = optax.apply_updates(params, updates)
-      stats["grad_norm"] = optax.global_norm(grads)
+      stats["grad_norm"] = jnp.sqrt(sum(jnp.sum(jnp.square(g))
+                                        for g in jax.tree_util.tree_leaves(grads)))
       return (params, opt_state), stats
 
     def epoch(carry, _):

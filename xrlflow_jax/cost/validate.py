@@ -85,30 +85,39 @@ def measure_side_by_side(reference: layout.Graph, graphs: Sequence[layout.Graph]
                          log: Callable[[str], None] | None = None) -> SideBySide:
   """Measures `graphs` against `reference`, interleaved, in batches bounded in count and memory.
 
-  Every batch compiles the reference and up to `batch_size` graphs (fewer when their weights
-  would exceed `max_batch_mb`), measures them in `rounds` interleaved rounds, and frees them.
+  Every batch compiles two copies of the reference and up to `batch_size` graphs (fewer when
+  their weights would exceed `max_batch_mb`), measures them in `rounds` interleaved rounds, and
+  frees them. Ratios are to the geometric mean of the two reference copies of the same batch.
   Each graph runs at least `repeats_per_round` times per round, more for fast graphs so that a
   round of one graph lasts about `min_round_ms` (the reference's latency sets the count).
   """
   device = latency.resolve_device(backend)
-  # Two separately compiled copies of the reference: identical executables differ by a few
-  # percent on a busy machine (placement in memory), so the denominator is their geometric mean.
-  refs = [latency.compile_graph(reference, params, device=device, seed=seed,
-                                what="the reference graph") for _ in range(2)]
-  ref_guess = float(np.median(latency.time_callable(refs[0].fn, refs[0].args, warmup=warmup,
+  first = latency.compile_graph(reference, params, device=device, seed=seed,
+                                what="the reference graph")
+  ref_guess = float(np.median(latency.time_callable(first.fn, first.args, warmup=warmup,
                                                     repeats=5)))
   repeats_per_round = max(repeats_per_round, int(np.ceil(min_round_ms / max(ref_guess, 1e-3))))
-  per_graph_mb = max(refs[0].nbytes / 1e6, 1e-3)
+  per_graph_mb = max(first.nbytes / 1e6, 1e-3)
   size = int(max(1, min(batch_size, max_batch_mb // per_graph_mb - 2)))
+  del first
   stats: list[latency.LatencyStats | None] = [None] * len(graphs)
   ratio = np.zeros(len(graphs))
   ref_medians = []
   for start in range(0, len(graphs), size):
     chunk = list(range(start, min(start + size, len(graphs))))
     t0 = time.perf_counter()
-    compiled = refs + [
-        latency.compile_graph(graphs[i], params, device=device, seed=seed, what=f"variant {i}")
-        for i in chunk]
+    # Two copies of the reference, compiled afresh in every batch at a third and two thirds of
+    # the compile order: identical executables differ by a few percent on a busy machine
+    # (seen as a bias of the first-compiled copy), so the denominator is their geometric mean.
+    order: list[int | None] = list(chunk)
+    order.insert(2 * len(chunk) // 3, None)
+    order.insert(len(chunk) // 3, None)
+    built = [latency.compile_graph(reference if i is None else graphs[i], params,
+                                   device=device, seed=seed,
+                                   what="the reference" if i is None else f"variant {i}")
+             for i in order]
+    refs = [c for c, i in zip(built, order) if i is None]
+    compiled = refs + [c for c, i in zip(built, order) if i is not None]
     t1 = time.perf_counter()
     res = latency.measure_interleaved(compiled, rounds=rounds, repeats_per_round=repeats_per_round,
                                       warmup=warmup, seed=seed + start)
@@ -117,7 +126,7 @@ def measure_side_by_side(reference: layout.Graph, graphs: Sequence[layout.Graph]
     for i, r in zip(chunk, res[2:]):
       stats[i] = r
       ratio[i] = r.median_ms / ref_ms
-    del compiled
+    del compiled, built, refs
     if log:
       log(f"  batch {start // size + 1}: {len(chunk)} graphs, compile {t1 - t0:.1f}s, measure "
           f"{time.perf_counter() - t1:.1f}s ({repeats_per_round} runs x {rounds} rounds each), "
