@@ -179,3 +179,13 @@ def test_exact_candidate_delta_matches_applying(pool):
     assert bool(ok)
     np.testing.assert_allclose(delta[r, l], float(_cost(new) - state.cost), rtol=1e-4,
                                atol=1e-6)
+
+
+def test_benchmark_policy_only_takes_valid_actions():
+  from xrlflow_jax.env.benchmark import random_valid_action  # pylint: disable=g-import-not-at-top
+  masks = np.random.default_rng(0).random((64, 9)) < 0.3
+  masks[:, -1] = True  # stop is always valid
+  keys = jax.random.split(jax.random.PRNGKey(0), 64)
+  actions = np.asarray(jax.jit(jax.vmap(random_valid_action))(keys, jnp.asarray(masks)))
+  assert masks[np.arange(64), actions].all()
+  assert len(set(actions.tolist())) > 3  # not stuck on the stop action

@@ -75,6 +75,7 @@ class GraphRewriteEnv:
     self.exact_candidate_delta = exact_candidate_delta
     self.num_slots = int(pool.nodes["op"].shape[1])
     self.max_inputs = int(pool.senders.shape[1]) // self.num_slots
+    self._initial: tuple | None = None
 
   # ------------------------------------------------------------------ specs
   @property
@@ -135,19 +136,34 @@ class GraphRewriteEnv:
       out.append(jnp.where(match.mask[r], jax.vmap(one)(match.nodes[r]), 0.0))
     return jnp.stack(out)
 
+  def _first(self, graph: layout.Graph) -> tuple:
+    match = self.ruleset.match(graph)
+    cost = jnp.asarray(self.cost_fn(graph), jnp.float32)
+    return match, cost, self._observe(graph, match, cost, jnp.int32(0))
+
+  def initial(self) -> tuple:
+    """(match, cost, observation) of every pool graph, stacked on a leading pool axis.
+
+    The pool is fixed, so its matches are computed once (on first use, eagerly even when that
+    happens while tracing) and `reset` only indexes them: an auto-reset step then pays one match
+    (of the stepped graph), not two.
+    """
+    if self._initial is None:
+      with jax.ensure_compile_time_eval():
+        self._initial = jax.jit(jax.vmap(self._first))(self.pool)
+    return self._initial
+
   def reset(self, key: jax.Array) -> tuple[State, TimeStep]:
     """Starts an episode on a pool graph drawn uniformly with `key`."""
     key, draw = jax.random.split(key)
     index = jax.random.randint(draw, (), 0, self.pool_size)
     graph = jax.tree_util.tree_map(lambda a: a[index], self.pool)
-    match = self.ruleset.match(graph)
-    cost = jnp.asarray(self.cost_fn(graph), jnp.float32)
+    match, cost, observation = jax.tree_util.tree_map(lambda a: a[index], self.initial())
     zero = jnp.int32(0)
     state = State(graph=graph, match=match, cost=cost, initial_cost=cost, best_cost=cost,
                   best_graph=graph, step_count=zero, graph_index=index, key=key)
     timestep = TimeStep(step_type=jnp.int32(StepType.FIRST), reward=jnp.float32(0.0),
-                        discount=jnp.float32(1.0),
-                        observation=self._observe(graph, match, cost, zero),
+                        discount=jnp.float32(1.0), observation=observation,
                         extras=self._extras(state, jnp.asarray(False)))
     return state, timestep
 
