@@ -1,0 +1,234 @@
+"""The optimise job (`xrlflow_jax.optimize`, `experiments/optimize.py`) end to end.
+
+Kept cheap for CI: tiny SqueezeNet and the graph-only squeezenet1_1.onnx from ../shared, a
+search with two or one rules and a budget of a few expansions, two timing rounds. The PPO
+default path is one slow test.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from absl import app, flags
+
+from xrlflow_jax import executor
+from xrlflow_jax import graph as G
+from xrlflow_jax import optimize as opt
+from xrlflow_jax import visualize
+
+# Enlarging a 1x1 kernel (+0.4% modelled) then merging it with its 3x3 sibling (-3%): TASO finds
+# the pair within three expansions on tiny SqueezeNet. The exported SqueezeNet has bias-free
+# convs and separate relus instead: concat(relu a, relu b) -> relu(concat(a, b)) applies at its
+# eight fire modules. Both graphs get capacity 128, so one rule set means one compiled Expander.
+RULES = ["enlarge_conv_kernel_bias_sib_bias", "merge_conv_shared_input_bias", "relu_after_concat"]
+FAST = dict(latency_rounds=2, repeats_per_round=2)
+
+
+def _have_matplotlib() -> bool:
+  try:
+    import matplotlib  # pylint: disable=g-import-not-at-top,unused-import
+    return True
+  except ImportError:
+    return False
+
+
+@pytest.fixture(scope="module")
+def zoo_report(tmp_path_factory):
+  out = tmp_path_factory.mktemp("zoo") / "out"
+  report = opt.optimize_model("squeezenet1_1", method="taso", size="tiny", budget=3,
+                              rules=RULES, output_dir=out, **FAST)
+  return report, out
+
+
+@pytest.fixture(scope="module")
+def onnx_report(tmp_path_factory, shared_dir):
+  path = shared_dir / "models" / "squeezenet1_1.onnx"
+  out = tmp_path_factory.mktemp("onnx") / "out"
+  report = opt.optimize_model(str(path), method="greedy", budget=2, rules=RULES,
+                              output_dir=out, **FAST)
+  return report, out, path
+
+
+def _replay_hash(report_dir: Path, source: str, rules, **load_kwargs) -> str:
+  from xrlflow_jax import search  # pylint: disable=g-import-not-at-top
+  data = json.loads((report_dir / "rewrites.json").read_text())
+  assert data["rules"] == list(rules) and data["recorded"]
+  loaded = opt.load_source(source, capacity=data["capacity"], **load_kwargs)
+  assert G.structural_hash(loaded.graph) == data["hash_before"]
+  ruleset = opt.ruleset_for_replay(data)
+  steps = [search.RewriteStep.from_json(r) for r in data["rewrites"]]
+  return G.structural_hash(search.replay(loaded.graph, ruleset, steps))
+
+
+def test_zoo_end_to_end(zoo_report):
+  report, out = zoo_report
+  assert report.kind == "zoo" and report.method == "taso"
+  assert report.numerics.passed and report.numerics.max_rel_error <= 1e-3
+  assert report.cost_after_ms < report.cost_before_ms
+  assert report.rewrites and {r["rule"] for r in report.rewrites} <= set(RULES)
+  assert report.latency_before.median_ms > 0 and report.latency_after.iqr_ms >= 0
+  for name in ("rewrites.json", "report.json", "best_graph.txt"):
+    assert (out / name).is_file()
+  assert not (out / "optimized.onnx").exists()  # zoo models are not exported
+  data = json.loads((out / "report.json").read_text())
+  assert data["nodes_before"] == report.nodes_before and data["numerics"]["passed"]
+  assert data["hash_after"] == report.hash_after
+  assert data["latency_after"]["median_ms"] == pytest.approx(report.latency_after.median_ms)
+  assert _replay_hash(out, "squeezenet1_1", RULES, size="tiny") == report.hash_after
+  text = report.table()
+  for word in ("nodes", "modelled cost", "XLA latency", "speedup", "numerics: PASS", "time:"):
+    assert word in text
+
+
+def test_picture(zoo_report):
+  report, out = zoo_report
+  if not _have_matplotlib() and not __import__("shutil").which("dot"):
+    assert "picture" not in report.files
+    pytest.skip("neither matplotlib nor graphviz is installed")
+  png = out / "graph.png"
+  assert png.is_file() and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_changed_nodes_are_local(zoo_report):
+  report, _ = zoo_report
+  same_removed, same_new = visualize.changed_nodes(report.input_graph, report.input_graph)
+  assert not same_removed and not same_new
+  removed, new = visualize.changed_nodes(report.input_graph, report.graph)
+  # Two rewrites on a fire module touch a handful of nodes, not everything downstream.
+  assert removed and new
+  assert len(removed) + len(new) <= 16 < report.nodes_before
+
+
+def test_onnx_end_to_end(onnx_report):
+  pytest.importorskip("onnxruntime")
+  import onnxruntime as ort  # pylint: disable=g-import-not-at-top
+  from xrlflow_jax import onnx_io  # pylint: disable=g-import-not-at-top
+  report, out, path = onnx_report
+  assert report.kind == "onnx" and report.random_weights > 0
+  assert "random weights" in report.table()
+  assert report.numerics.passed
+  assert report.rewrites and report.cost_after_ms < report.cost_before_ms
+  model_path = out / "optimized.onnx"
+  assert model_path.is_file()
+  graph, params = onnx_io.load(str(model_path))
+  assert G.structural_hash(graph) is not None and G.num_nodes(graph) > 0
+  ours = executor.lower(graph, params)
+  inputs = ours.random_inputs(0)
+  session = ort.InferenceSession(str(model_path), providers=["CPUExecutionProvider"])
+  feeds = {i.name: x for i, x in zip(session.get_inputs(), inputs)}
+  theirs = session.run(None, feeds)
+  for a, b in zip(ours(*inputs), theirs):
+    np.testing.assert_allclose(np.asarray(a), b, rtol=1e-3, atol=1e-4)
+  # The optimised file computes what the original (same seeded weights) does.
+  loaded = opt.load_source(str(path))
+  ref = executor.lower(loaded.graph, loaded.params)
+  for a, b in zip(ref(*inputs), theirs):
+    np.testing.assert_allclose(np.asarray(a), b, rtol=1e-3, atol=1e-4)
+  assert _replay_hash(out, str(path), RULES) == report.hash_after
+
+
+@pytest.mark.parametrize("text, message", [
+    ("x", "expected name=d0,d1"), ("=1,2", "expected name="), ("x=1,a", "positive integers"),
+    ("x=1,,2", "positive integers"), ("x=0,3", "positive integers")])
+def test_bad_input_shape(text, message):
+  with pytest.raises(opt.OptimizeError, match=message):
+    opt.parse_input_shape(text)
+
+
+def test_parse_input_shapes():
+  assert opt.parse_input_shapes(["x=1,3,224,224", "y=2"]) == {"x": (1, 3, 224, 224), "y": (2,)}
+  with pytest.raises(opt.OptimizeError, match="two shapes"):
+    opt.parse_input_shapes(["x=1", "x=2"])
+
+
+def test_bad_sources(tmp_path):
+  with pytest.raises(opt.OptimizeError, match="unknown model 'nosuchnet'"):
+    opt.optimize_model("nosuchnet", method="greedy")
+  with pytest.raises(opt.OptimizeError, match="ONNX file not found"):
+    opt.optimize_model(str(tmp_path / "missing.onnx"), method="greedy")
+  with pytest.raises(opt.OptimizeError, match="unknown method"):
+    opt.optimize_model("squeezenet1_1", method="annealing")
+  with pytest.raises(opt.OptimizeError, match="unknown size"):
+    opt.load_source("squeezenet1_1", size="huge")
+  with pytest.raises(opt.OptimizeError, match="ONNX files only"):
+    opt.load_source("squeezenet1_1", input_shapes={"x": (1, 3)})
+  with pytest.raises(opt.OptimizeError, match="unknown rules"):
+    opt.optimize_model("squeezenet1_1", method="greedy", rules=["no_such_rule"], write=False)
+  assert not list(tmp_path.iterdir())
+
+
+def test_numerics_failure_writes_nothing(tmp_path, monkeypatch):
+  """A result whose outputs disagree raises NumericsError and leaves no output folder."""
+  loaded = opt.load_source("squeezenet1_1", size="tiny")
+  check = opt.check_numerics(loaded.graph, loaded.graph, loaded.params)
+  assert check.passed and check.max_abs_error == 0.0 and check.outputs == 1
+  found = opt.Found(loaded.graph, 1.0, 2.0, [], "greedy", {})
+  monkeypatch.setattr(opt, "run_search", lambda *a, **k: found)
+  monkeypatch.setattr(opt, "check_numerics",
+                      lambda *a, **k: opt.NumericsCheck(0.5, 0.5, 1, 1e-3, False))
+  out = tmp_path / "out"
+  with pytest.raises(opt.NumericsError, match="nothing was written"):
+    opt.optimize_model("squeezenet1_1", method="greedy", output_dir=out, measure=False)
+  assert not out.exists() and not list(tmp_path.iterdir())
+
+
+def test_fit_capacity_roundtrip():
+  loaded = opt.load_source("squeezenet1_1", size="tiny", capacity=256)
+  small = opt.fit_capacity(loaded.graph, 128)
+  assert G.capacity(small) == 128
+  assert G.structural_hash(small) == G.structural_hash(loaded.graph)
+  big = opt.fit_capacity(small, 320)
+  assert G.capacity(big) == 320 and G.structural_hash(big) == G.structural_hash(small)
+  from xrlflow_jax.errors import CapacityError  # pylint: disable=g-import-not-at-top
+  with pytest.raises(CapacityError, match="more than the capacity"):
+    opt.fit_capacity(loaded.graph, 16)
+
+
+# ------------------------------------------------------------------------------------------- CLI
+
+def _run_main(argv: list[str]):
+  from experiments import optimize as cli  # pylint: disable=g-import-not-at-top
+  flags.FLAGS.unparse_flags()
+  try:
+    rest = flags.FLAGS(["optimize"] + argv)
+    return cli.main(rest)
+  finally:
+    flags.FLAGS.unparse_flags()
+
+
+def test_cli_in_process(tmp_path, capsys):
+  out = tmp_path / "cli"
+  _run_main(["--model=squeezenet1_1", "--size=tiny", "--method=taso", "--budget=3",
+             f"--rules={','.join(RULES)}", f"--output={out}", "--latency_rounds=2",
+             "--repeats_per_round=2", "--nopicture"])
+  text = capsys.readouterr().out
+  assert "XLA latency" in text and "numerics: PASS" in text and f"outputs in {out}" in text
+  assert (out / "report.json").is_file() and not (out / "graph.png").exists()
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--model=squeezenet1_1", "--onnx=x.onnx"], "either --model or --onnx"),
+    (["--model=nosuchnet"], "unknown model 'nosuchnet'"),
+    (["--onnx=/nonexistent/m.onnx"], "ONNX file not found"),
+    (["--onnx=/nonexistent/m.onnx", "--input_shape=x=1,b"], "positive integers"),
+    (["--model=squeezenet1_1", "--input_shape=x=1,3"], "--onnx files only"),
+])
+def test_cli_usage_errors(argv, message):
+  with pytest.raises((app.UsageError, SystemExit), match=message) as info:
+    _run_main(argv)
+  if info.type is SystemExit:  # one line on stderr, status 1
+    assert str(info.value).startswith("error: ") and "\n" not in str(info.value)
+
+
+@pytest.mark.slow
+def test_ppo_default(tmp_path):
+  """The no-flag default: tiny SqueezeNet, a short PPO run, then the policy driver."""
+  report = opt.optimize_model(output_dir=tmp_path / "ppo", **FAST)
+  assert report.method == "ppo" and report.found_by in ("policy", "training")
+  assert report.numerics.passed
+  assert report.cost_after_ms <= report.cost_before_ms
+  assert "train_best_cost_ms" in report.details
+  assert (tmp_path / "ppo" / "report.json").is_file()

@@ -1,0 +1,283 @@
+"""Search drivers (greedy, TASO-style backtracking, beam, random, policy) over one compiled
+Expander: valid graphs that compute the same thing, never costlier than the input, replayable;
+the guard; TASO past a cost-raising rewrite that greedy cannot take; clear errors."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from xrlflow_jax import GraphBuilder, cost, executor, search
+from xrlflow_jax import graph as G
+from xrlflow_jax.agents import Agent, AgentConfig, RunnerState
+from xrlflow_jax.env import GraphRewriteEnv
+from xrlflow_jax.rules import RuleSet
+from xrlflow_jax.rules.library import builtin_rules
+
+# A synthetic cost model (1.0 per MatMul kernel, 1.5 per loop-fusion kernel) on
+#     out = concat(x @ w1, x @ w2) + z          cost 2 + 1.5 = 3.5
+# Merging the two MatMuls (one MatMul, two slices into the concat) costs 1 + 2 * 1.5 = 4.0, so
+# every first rewrite raises the cost (or keeps it: add_commute) and greedy stops at 3.5; after
+# the merge concat_of_slices cancels the slices: one MatMul and the add, 2.5, the optimum.
+RULES = ("merge_matmul_shared_input_2", "split_matmul_shared_input_2", "concat_of_slices",
+         "add_commute")
+INITIAL, OPTIMUM = 3.5, 2.5
+_W = np.zeros(len(cost.FEATURE_NAMES), np.float32)
+_W[cost.FEATURE_NAMES.index("matmul.launch")] = 1.0
+_W[cost.FEATURE_NAMES.index("loop.launch")] = 1.5
+COEFFS = cost.CostCoefficients(weights=jnp.asarray(_W), call_ms=jnp.float32(0.0),
+                               device_kind="test")
+CAPACITY = 32
+
+
+def toy_graph(capacity: int = CAPACITY):
+  b = GraphBuilder()
+  x = b.input([8, 16])
+  w1, w2 = b.weight([16, 16]), b.weight([16, 16])
+  y = b.concat([b.matmul(x, w1), b.matmul(x, w2)], axis=1)
+  b.output(b.add(y, b.input([8, 32])))
+  return b.build(capacity=capacity)
+
+
+@pytest.fixture(scope="module")
+def toy():
+  return toy_graph()
+
+
+@pytest.fixture(scope="module")
+def ruleset():
+  return RuleSet([r for r in builtin_rules() if r.name in RULES], max_locations=4)
+
+
+@pytest.fixture(scope="module")
+def expander(ruleset):
+  """The one compiled Expander every test of this module shares."""
+  return search.Expander(ruleset, COEFFS)
+
+
+def assert_same_outputs(a, b, params):
+  ref, new = executor.lower(a, params), executor.lower(b, params)
+  inputs = ref.random_inputs(0)
+  for x, y in zip(ref(*inputs), new(*inputs)):
+    np.testing.assert_allclose(np.asarray(y), np.asarray(x), rtol=1e-4, atol=1e-4)
+
+
+def check_result(res, toy, ruleset, expander):
+  graph, params = toy
+  G.validate(res.best_graph, params)
+  assert_same_outputs(graph, res.best_graph, params)
+  assert res.initial_cost_ms == pytest.approx(INITIAL, rel=1e-5)
+  assert res.best_cost_ms <= res.initial_cost_ms
+  assert res.best_cost_ms == pytest.approx(float(expander.costs(res.best_graph).current),
+                                           rel=1e-5)
+  replayed = search.replay(graph, ruleset, res.rewrites)
+  assert G.structural_hash(replayed) == G.structural_hash(res.best_graph)
+  assert res.returned_input == (not res.rewrites)
+  assert res.graphs_expanded >= 1 and res.seconds > 0
+  json.dumps(res.to_json())  # JSON-ready
+  assert res.modelled_speedup == pytest.approx(res.initial_cost_ms / res.best_cost_ms)
+
+
+# ----------------------------------------------------------------------------------------------
+# Expansion
+# ----------------------------------------------------------------------------------------------
+
+def test_costs_equal_applying_each_candidate(toy, ruleset, expander):
+  graph, _ = toy
+  exp = expander.costs(graph)
+  valid, costs = np.asarray(exp.valid), np.asarray(exp.cost)
+  assert valid.shape == costs.shape == (ruleset.num_actions,)
+  assert exp.nodes.shape == (len(ruleset), ruleset.max_locations, ruleset.num_slots)
+  assert float(exp.current) == pytest.approx(INITIAL)
+  assert valid.sum() >= 2 and np.isinf(costs[~valid]).all()
+  for a in np.flatnonzero(valid):
+    r, loc = divmod(int(a), ruleset.max_locations)
+    g2, ok = expander.apply_at(graph, r, exp.nodes[r, loc])
+    assert ok
+    assert float(expander.costs(g2).current) == pytest.approx(costs[a], rel=1e-6)
+  merge = ruleset.index("merge_matmul_shared_input_2") * ruleset.max_locations
+  assert costs[merge] == pytest.approx(4.0)
+  g_apply = expander.apply(graph, merge)  # the flat-action form (matches inside)
+  g_at, _ = expander.apply_at(graph, merge // ruleset.max_locations, exp.nodes[merge // 4, 0])
+  assert G.structural_hash(g_apply) == G.structural_hash(g_at)
+
+
+# ----------------------------------------------------------------------------------------------
+# Drivers
+# ----------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("method,options", [
+    ("greedy", {}),
+    ("taso", {"budget": 8, "alpha": 1.2}),
+    ("beam", {"beam_width": 3, "steps": 3}),
+    ("random", {"num_rollouts": 3, "steps": 3}),
+])
+def test_driver_results_are_valid_equivalent_and_replayable(method, options, toy, ruleset,
+                                                            expander):
+  graph, params = toy
+  res = search.optimize(graph, params, method, expander=expander, seed=1, **options)
+  assert res.method == method
+  check_result(res, toy, ruleset, expander)
+  if method in ("taso", "beam"):  # both search past the cost-raising merge
+    assert res.best_cost_ms == pytest.approx(OPTIMUM)
+    assert [s.rule for s in res.rewrites] == ["merge_matmul_shared_input_2", "concat_of_slices"]
+
+
+def test_taso_finds_the_optimum_greedy_cannot(toy, ruleset, expander):
+  graph, params = toy
+  g = search.greedy(graph, params, expander)
+  assert g.returned_input and g.best_cost_ms == pytest.approx(INITIAL) and not g.rewrites
+  strict = search.taso(graph, params, expander, budget=8, alpha=1.0)
+  assert strict.best_cost_ms == pytest.approx(INITIAL)  # no relaxation: stuck like greedy
+  t = search.taso(graph, params, expander, budget=8, alpha=1.2)
+  assert t.best_cost_ms == pytest.approx(OPTIMUM) and t.best_cost_ms < g.best_cost_ms
+  assert t.found_cost_ms == pytest.approx(OPTIMUM) and not t.returned_input
+  assert t.graphs_expanded <= 8 and t.candidates_costed >= t.graphs_expanded
+
+
+def test_policy_accepts_a_runner_state_and_raw_params(toy, ruleset, expander):
+  graph, params = toy
+  node_cost_fn = lambda g: cost.node_costs(g, COEFFS)  # pylint: disable=unnecessary-lambda-assignment
+  env = GraphRewriteEnv([graph], ruleset, lambda g: cost.graph_cost(g, COEFFS), horizon=3,
+                        node_cost_fn=node_cost_fn)
+  agent = Agent(ruleset, node_cost_fn, AgentConfig(head="local", hidden=16, layers=1, heads=2))
+  net = search.init_network(agent, expander, graph, jax.random.PRNGKey(1), env)
+  # What Trainer.init / make_train(...)(key) return (only .params and .best_cost are read).
+  state = RunnerState(params=net, opt_state=(), env_state=None, obs=None, key=None, update=0,
+                      best_cost=np.full([1], INITIAL), best_graph=None,
+                      initial_cost=np.full([1], INITIAL))
+  res = search.optimize(graph, params, "policy", expander=expander, agent=agent,
+                        network_params=state, env=env,
+                        num_samples=4, seed=3)
+  assert res.method == "policy" and res.options["steps"] == 3
+  assert 1 <= res.graphs_expanded <= 5 * 3
+  check_result(res, toy, ruleset, expander)
+  same = search.policy(graph, params, expander, agent=agent, network_params=net, env=env,
+                       num_samples=4, seed=3)
+  assert G.structural_hash(same.best_graph) == G.structural_hash(res.best_graph)
+  # Multi-seed params (Trainer.train_seeds): a leading seed axis; best_cost [S, G] picks seed 1.
+  seeds = jax.tree_util.tree_map(lambda x: jnp.stack([x * 0.0, x]), net)
+  stacked = state.replace(params=seeds, best_cost=np.asarray([[3.0], [2.5]]))
+  picked = search.policy(graph, params, expander, agent=agent, network_params=stacked, env=env,
+                         num_samples=4, seed=3)
+  assert G.structural_hash(picked.best_graph) == G.structural_hash(res.best_graph)
+  assert search.policy_params(agent, stacked, expected=None) is seeds
+  with pytest.raises(search.SearchError, match="another rule set"):
+    other = RuleSet([r for r in builtin_rules() if r.name in RULES[:2]], max_locations=4)
+    search.policy(graph, params, search.Expander(other, COEFFS), agent=agent,
+                  network_params=state, env=env)
+
+
+# ----------------------------------------------------------------------------------------------
+# The guard
+# ----------------------------------------------------------------------------------------------
+
+def _stats(ms: float) -> cost.LatencyStats:
+  return cost.LatencyStats(ms, ms * 0.9, ms * 1.1, 10, 0.1, "cpu", "cpu")
+
+
+@pytest.mark.parametrize("best_ms,kept", [(1.2, False), (1.0, False), (0.8, True)])
+def test_measured_guard_returns_the_input_unless_faster(monkeypatch, toy, ruleset, expander,
+                                                       best_ms, kept):
+  graph, params = toy
+  calls = []
+
+  def fake(a, b, p, **kw):
+    calls.append(kw)
+    return _stats(1.0), _stats(best_ms)
+
+  monkeypatch.setattr(search.guard, "measure_pair", fake)
+  res = search.optimize(graph, params, "taso", expander=expander, budget=8, alpha=1.2,
+                        measure=True, measure_options={"rounds": 2})
+  assert calls == [{"rounds": 2}]
+  assert res.found_cost_ms == pytest.approx(OPTIMUM) and res.found_rewrites == 2
+  assert res.returned_input == (not kept)
+  assert res.input_latency.median_ms == 1.0
+  if kept:
+    assert res.best_cost_ms == pytest.approx(OPTIMUM) and len(res.rewrites) == 2
+    assert res.speedup == pytest.approx(1.0 / 0.8)
+  else:
+    assert not res.rewrites and res.best_cost_ms == pytest.approx(INITIAL)
+    assert G.structural_hash(res.best_graph) == G.structural_hash(graph)
+    assert res.best_latency.median_ms == 1.0 and res.speedup == 1.0
+  check_result(res, toy, ruleset, expander)
+
+
+def test_measured_guard_times_both_graphs_for_real(toy, expander):
+  graph, params = toy
+  res = search.optimize(graph, params, "beam", expander=expander, beam_width=2, steps=2,
+                        measure=True,
+                        measure_options={"rounds": 2, "repeats_per_round": 2, "warmup": 1})
+  assert res.input_latency is not None and res.best_latency is not None
+  assert res.input_latency.runs == 4
+  if res.returned_input:
+    assert res.best_latency == res.input_latency
+  else:
+    assert res.best_latency.median_ms < res.input_latency.median_ms
+  assert res.to_json()["input_latency"]["median_ms"] > 0
+
+
+def test_modelled_guard_never_returns_a_costlier_graph(toy, expander):
+  graph, params = toy
+  res = search.guard.finish("test", graph, expander.apply(graph, 0), [expander.step(0, 0, [0])],
+                            params, initial_cost=1.0, best_cost=1.0, measure=False, started=0.0,
+                            graphs_expanded=1, candidates_costed=1)
+  assert res.returned_input and not res.rewrites and res.found_rewrites == 1
+  assert dataclasses.asdict(res)["best_cost_ms"] == 1.0
+
+
+# ----------------------------------------------------------------------------------------------
+# Errors, compilation
+# ----------------------------------------------------------------------------------------------
+
+def test_clear_errors(toy, ruleset, expander):
+  graph, params = toy
+  with pytest.raises(search.SearchError, match="unknown search method"):
+    search.optimize(graph, params, "annealing", expander=expander)
+  with pytest.raises(search.SearchError, match="unknown option"):
+    search.optimize(graph, params, "greedy", expander=expander, budget=3)
+  with pytest.raises(search.SearchError, match="needs agent"):
+    search.optimize(graph, params, "policy", expander=expander)
+  with pytest.raises(search.SearchError, match="alpha"):
+    search.taso(graph, params, expander, alpha=0.9)
+  full, full_params = toy_graph(capacity=G.num_nodes(graph))
+  with pytest.raises(search.SearchError, match="capacity >="):
+    search.greedy(full, full_params, expander)
+  batch = jax.tree_util.tree_map(lambda x: np.stack([x, x]), graph)
+  with pytest.raises(search.SearchError, match="one graph"):
+    search.greedy(batch, params, expander)
+  bad = [search.RewriteStep("concat_of_slices", 0, 0, (0,) * ruleset.num_slots)]
+  with pytest.raises(search.SearchError, match="not rule"):
+    search.replay(graph, ruleset, bad)
+  res = search.taso(graph, params, expander, budget=8, alpha=1.2)
+  with pytest.raises(search.SearchError, match="does not apply"):
+    search.replay(graph, ruleset, res.rewrites[1:])  # the second step alone
+
+
+def test_expander_compiled_once_per_capacity(toy, expander):
+  """Runs last: every search of this module went through one trace of each function."""
+  graph, params = toy
+  search.beam(graph, params, expander, beam_width=2, steps=2)
+  assert expander.trace_counts["costs"] == 1
+  assert expander.trace_counts["apply_at"] == 1
+  assert expander.trace_counts["match"] <= 1
+
+
+@pytest.mark.slow  # compiles the expansion of a real model (~30 s on 2 CPU cores)
+def test_taso_beats_greedy_on_squeezenet_fire_modules():
+  from xrlflow_jax import models  # pylint: disable=g-import-not-at-top
+  graph, params = models.build("squeezenet1_1", "tiny", capacity=128)
+  rules = ("enlarge_conv_kernel_bias_sib_bias", "merge_conv_shared_input_bias",
+           "split_conv_shared_input_bias")
+  rs = RuleSet([r for r in builtin_rules() if r.name in rules], max_locations=8)
+  ex = search.Expander(rs, cost.load_coefficients())
+  g = search.greedy(graph, params, ex)
+  t = search.taso(graph, params, ex, budget=12)
+  assert g.returned_input and t.best_cost_ms < g.best_cost_ms * 0.98
+  assert "enlarge_conv_kernel_bias_sib_bias" == t.rewrites[0].rule
+  assert_same_outputs(graph, t.best_graph, params)

@@ -1,0 +1,754 @@
+"""The main job: optimise a model's graph end to end and write the result with its evidence.
+
+    report = optimize_model("squeezenet1_1", size="tiny", method="greedy", output_dir="/tmp/o")
+    report = optimize_model("../shared/models/squeezenet1_1.onnx", method="ppo")
+    print(report.table())
+
+Pipeline (`optimize_model`):
+
+  1. load       a zoo model (`models.build`) or an ONNX file (`onnx_io.load`; graph-only files get
+                seeded random weights, which the report says), fitted to a small capacity.
+  2. search     "greedy" | "taso" | "beam" | "random": `search.optimize` on the cost model;
+                "ppo": a short PPO training run (`experiments/configs/ppo.py:test` settings, the
+                budget in updates), then the trained policy as a search driver
+                (`search.optimize(..., "policy")`); the better graph by modelled cost of the
+                policy's and the best one training itself met is kept.
+  3. check      both graphs run on the same random inputs; every output must agree
+                (max |a - b| / (1 + |a|) <= tolerance) or `NumericsError` is raised and nothing
+                is written.
+  4. measure    both graphs compiled by XLA and timed side by side (interleaved rounds):
+                median and IQR.
+  5. write      into the output directory: optimized.onnx (ONNX inputs), rewrites.json,
+                report.json, best_graph.txt, graph.png (when matplotlib or graphviz is present).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import math
+import os
+import re
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+import jax
+import numpy as np
+
+from xrlflow_jax import cost, executor, models
+from xrlflow_jax import graph as G
+from xrlflow_jax.errors import XrlflowError
+from xrlflow_jax.graph import layout
+
+METHODS = ("ppo", "greedy", "taso", "beam", "random")
+SIZES = ("tiny", "default")
+DEFAULT_MODEL = "squeezenet1_1"
+DEFAULT_TOLERANCE = 1e-3
+CAPACITY_QUANTUM = 64
+HEADROOM = 1.3
+# What `budget` means for each search method (the option of `search.optimize` it sets).
+BUDGET_OPTION = {"greedy": "max_steps", "taso": "budget", "beam": "steps", "random": "steps"}
+
+
+class OptimizeError(XrlflowError):
+  """Bad input to the optimise job: unknown model or method, missing file, bad shape text."""
+
+
+class NumericsError(XrlflowError):
+  """The optimised graph computes something else than the original (nothing is written)."""
+
+
+# ----------------------------------------------------------------------------------------------
+# Loading
+# ----------------------------------------------------------------------------------------------
+
+@dataclasses.dataclass
+class Loaded:
+  """A model to optimise.
+
+  Attributes:
+    label: a short name (zoo name, or the ONNX file's stem); kind: "zoo" or "onnx".
+    graph, params: the padded graph (capacity N) and its weights.
+    path: the ONNX file (kind "onnx"), else "".
+    random_weights: initializers given seeded random values (graph-only ONNX files).
+  """
+  label: str
+  kind: str
+  graph: layout.Graph
+  params: G.ParamStore
+  path: str = ""
+  random_weights: int = 0
+
+
+def parse_input_shape(text: str) -> tuple[str, tuple[int, ...]]:
+  """"name=1,3,224,224" -> ("name", (1, 3, 224, 224)); OptimizeError names bad text."""
+  name, sep, dims = text.rpartition("=")
+  name = name.strip()
+  if not sep or not name:
+    raise OptimizeError(f"bad input shape {text!r}: expected name=d0,d1,... "
+                        "(e.g. x=1,3,224,224)")
+  parts = [d.strip() for d in dims.split(",")]
+  if not parts or not all(re.fullmatch(r"\d+", d) for d in parts) or \
+      any(int(d) < 1 for d in parts):
+    raise OptimizeError(f"bad input shape {text!r}: the dims of {name!r} must be positive "
+                        f"integers separated by commas, got {dims!r}")
+  return name, tuple(int(d) for d in parts)
+
+
+def parse_input_shapes(texts: Sequence[str]) -> dict[str, tuple[int, ...]]:
+  """Several `parse_input_shape` texts as {name: shape}; a repeated name is an error."""
+  out: dict[str, tuple[int, ...]] = {}
+  for t in texts:
+    name, shape = parse_input_shape(t)
+    if name in out:
+      raise OptimizeError(f"input {name!r} is given two shapes ({out[name]} and {shape})")
+    out[name] = shape
+  return out
+
+
+def auto_capacity(num_nodes: int) -> int:
+  """Node slots for a graph of `num_nodes`: 1.3 x its size (room for rewrites) rounded up to a
+  multiple of 64 (tiny SqueezeNet's 92 nodes get the PPO test config's 128); small capacities
+  keep the jitted search and training fast."""
+  need = math.ceil(HEADROOM * num_nodes)
+  return max(CAPACITY_QUANTUM, -(-need // CAPACITY_QUANTUM) * CAPACITY_QUANTUM)
+
+
+def fit_capacity(graph: layout.Graph, capacity: int) -> layout.Graph:
+  """The same graph with `capacity` node slots (alive nodes keep their slots when they all lie
+  below `capacity`; otherwise they are compacted first). CapacityError if it cannot fit."""
+  from xrlflow_jax.errors import CapacityError  # pylint: disable=g-import-not-at-top
+  n = G.num_nodes(graph)
+  if n > capacity:
+    raise CapacityError(f"the graph has {n} nodes, more than the capacity {capacity}")
+  if G.capacity(graph) == capacity:
+    return layout.to_host(graph)
+  arrays = G.to_arrays(graph)
+  alive = np.flatnonzero(arrays["alive"])
+  if alive.size and alive.max() >= capacity:
+    compacted, _ = G.compact(graph)
+    arrays = G.to_arrays(compacted)
+  if capacity > arrays["op"].shape[0]:
+    grown = G.empty_arrays(capacity, G.max_inputs(graph))
+    for k, v in arrays.items():
+      grown[k][: v.shape[0]] = v
+    arrays = grown
+  else:
+    arrays = {k: v[:capacity] for k, v in arrays.items()}
+  return layout.from_arrays(arrays, as_numpy=True)
+
+
+def _looks_like_path(source: str) -> bool:
+  return source.endswith(".onnx") or os.sep in source or "/" in source or os.path.exists(source)
+
+
+def load_source(source: str, *, size: str = "tiny",
+                input_shapes: Mapping[str, Sequence[int]] | None = None,
+                capacity: int | None = None, seed: int = 0) -> Loaded:
+  """A zoo model by name, or an ONNX file by path, at a capacity fitted to it.
+
+  Args:
+    source: a name from `models.list_models()` or a path to an .onnx file.
+    size: zoo size, "tiny" or "default" (ignored for ONNX files).
+    input_shapes: ONNX only: {input name: whole shape} for dynamic dims.
+    capacity: node slots; None: `auto_capacity(node count)`.
+    seed: seed of zoo weights and of random weights for graph-only ONNX files.
+  Raises:
+    OptimizeError: unknown model or size, missing file, shapes given for a zoo model.
+    OnnxImportError: the file cannot be imported.
+  """
+  if _looks_like_path(source):
+    return _load_onnx(source, input_shapes, capacity, seed)
+  if input_shapes:
+    raise OptimizeError("input shapes apply to ONNX files only; zoo models have fixed shapes")
+  if source not in models.list_models():
+    raise OptimizeError(f"unknown model {source!r}; known models: "
+                        f"{', '.join(models.list_models())} (or give a path to an .onnx file)")
+  if size not in SIZES:
+    raise OptimizeError(f"unknown size {size!r}; sizes are {', '.join(SIZES)}")
+  n = len(models.builder(source, size, seed=seed))
+  graph, params = models.build(source, size, seed=seed, capacity=capacity or auto_capacity(n))
+  return Loaded(source, "zoo", layout.to_host(graph), params)
+
+
+def _load_onnx(path: str, input_shapes: Mapping[str, Sequence[int]] | None,
+               capacity: int | None, seed: int) -> Loaded:
+  """Imports an ONNX file; initializers without data get seeded random weights."""
+  from xrlflow_jax import onnx_io  # pylint: disable=g-import-not-at-top
+  p = Path(path)
+  if not p.is_file():
+    raise OptimizeError(f"ONNX file not found: {path}")
+  graph, params = onnx_io.load(str(p), input_shapes=dict(input_shapes or {}),
+                               random_weights=True, seed=seed)
+  graph = fit_capacity(graph, capacity or auto_capacity(G.num_nodes(graph)))
+  return Loaded(p.stem, "onnx", graph, params, str(p), int(params.stats.random_weights))
+
+
+# ----------------------------------------------------------------------------------------------
+# Numerics
+# ----------------------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class NumericsCheck:
+  """Outputs of the original and the optimised graph on the same random inputs.
+
+  Attributes:
+    max_abs_error: max |a - b| over all outputs; max_rel_error: max |a - b| / (1 + |a|).
+    outputs: number of outputs compared; tolerance: the bound on max_rel_error; passed.
+  """
+  max_abs_error: float
+  max_rel_error: float
+  outputs: int
+  tolerance: float
+  passed: bool
+
+
+def check_numerics(reference: layout.Graph, candidate: layout.Graph, params: G.ParamStore, *,
+                   seed: int = 0, tolerance: float = DEFAULT_TOLERANCE) -> NumericsCheck:
+  """Runs both graphs on the same random inputs and compares every output."""
+  ref = executor.lower(reference, params)
+  new = executor.lower(candidate, params)
+  inputs = ref.random_inputs(seed)
+  a_out, b_out = ref(*inputs), new(*inputs)
+  if len(a_out) != len(b_out):
+    raise NumericsError(f"the optimised graph has {len(b_out)} outputs, the original "
+                        f"{len(a_out)}")
+  max_abs = max_rel = 0.0
+  for i, (a, b) in enumerate(zip(a_out, b_out)):
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    if a.shape != b.shape:
+      raise NumericsError(f"output {i} has shape {list(b.shape)} in the optimised graph, "
+                          f"{list(a.shape)} in the original")
+    if a.size:
+      diff = np.abs(a - b)
+      max_abs = max(max_abs, float(np.max(diff)))
+      max_rel = max(max_rel, float(np.max(diff / (1.0 + np.abs(a)))))
+  passed = bool(np.isfinite(max_rel) and max_rel <= tolerance)
+  return NumericsCheck(max_abs, max_rel, len(a_out), tolerance, passed)
+
+
+# ----------------------------------------------------------------------------------------------
+# Measuring
+# ----------------------------------------------------------------------------------------------
+
+def measure_pair(before: layout.Graph, after: layout.Graph, params: G.ParamStore, *,
+                 rounds: int = 10, repeats_per_round: int = 3, seed: int = 0
+                 ) -> tuple[cost.LatencyStats, cost.LatencyStats]:
+  """XLA latency of both graphs, compiled once each and timed in interleaved rounds."""
+  a = cost.compile_graph(before, params, seed=seed, what="the original graph")
+  b = cost.compile_graph(after, params, seed=seed, what="the optimised graph")
+  s_a, s_b = cost.measure_interleaved([a, b], rounds=rounds, repeats_per_round=repeats_per_round,
+                                      seed=seed)
+  return s_a, s_b
+
+
+# ----------------------------------------------------------------------------------------------
+# Searching
+# ----------------------------------------------------------------------------------------------
+
+@dataclasses.dataclass
+class Found:
+  """A search's outcome in the form the report needs.
+
+  Attributes:
+    graph: the best graph; cost_ms: its modelled cost; initial_cost_ms: the input's.
+    rewrites: JSON-ready steps that replay onto the input, or None when unknown (the best graph
+      met during PPO training is not recorded with its sequence).
+    found_by: "greedy", ..., "policy" or "training".
+    details: extra figures for report.json.
+  """
+  graph: layout.Graph
+  cost_ms: float
+  initial_cost_ms: float
+  rewrites: list[dict[str, Any]] | None
+  found_by: str
+  details: dict[str, Any]
+
+
+def _search_module():
+  from xrlflow_jax import search  # pylint: disable=g-import-not-at-top
+  return search
+
+
+def _found_from_result(result: Any, found_by: str) -> Found:
+  """A `search.SearchResult` as a Found."""
+  data = result.to_json()
+  details = {k: data[k] for k in ("seconds", "graphs_expanded", "candidates_costed",
+                                  "returned_input", "found_cost_ms", "found_rewrites",
+                                  "options") if k in data}
+  return Found(layout.to_host(result.best_graph), float(result.best_cost_ms),
+               float(result.initial_cost_ms), [r.to_json() for r in result.rewrites],
+               found_by, details)
+
+
+def run_search(loaded: Loaded, method: str, coeffs: cost.CostCoefficients, *, seed: int = 0,
+               rules: Sequence[str] | None = None, max_locations: int = 16,
+               options: Mapping[str, Any] | None = None) -> Found:
+  """A baseline search ("greedy", "taso", "beam", "random") on the cost model."""
+  search = _search_module()
+  ruleset = _ruleset(rules, max_locations) if rules else search.default_ruleset()
+  result = search.optimize(loaded.graph, loaded.params, method, ruleset, coeffs, measure=False,
+                           seed=seed, **dict(options or {}))
+  found = _found_from_result(result, method)
+  found.details.update(_ruleset_details(ruleset, default=not rules))
+  return found
+
+
+def _ruleset_details(ruleset: Any, default: bool = False) -> dict[str, Any]:
+  """What replaying needs to rebuild the rule set: rule names (["all"] for the search's
+  default, every built-in rule) and locations per rule."""
+  return {"rules": ["all"] if default else list(ruleset.names),
+          "max_locations": int(ruleset.max_locations)}
+
+
+def ruleset_for_replay(rewrites_json: Mapping[str, Any]):
+  """The RuleSet a rewrites.json was found with (for `search.replay`)."""
+  if rewrites_json.get("rules") in (None, ["all"]):
+    return _search_module().default_ruleset()
+  return _ruleset(rewrites_json["rules"], int(rewrites_json["max_locations"]))
+
+
+@functools.lru_cache(maxsize=8)
+def _ruleset_cached(names: tuple[str, ...], max_locations: int):
+  from xrlflow_jax.agents import runs  # pylint: disable=g-import-not-at-top
+  from xrlflow_jax.rules import RuleSet  # pylint: disable=g-import-not-at-top
+  return RuleSet(runs.select_rules(names), max_locations=max_locations)
+
+
+def _ruleset(names: Sequence[str], max_locations: int):
+  """The RuleSet of built-in rules `names`, one object per (names, max_locations) in a process,
+  so the search's compiled Expander (cached per RuleSet object) is reused by later calls.
+  Unknown names: OptimizeError listing the built-in rules."""
+  from xrlflow_jax.agents.networks import AgentError  # pylint: disable=g-import-not-at-top
+  try:
+    return _ruleset_cached(tuple(names), int(max_locations))
+  except AgentError as e:
+    raise OptimizeError(str(e)) from None
+
+
+@functools.lru_cache(maxsize=4)
+def _coefficients(path: str) -> cost.CostCoefficients:
+  """Cost-model coefficients from a JSON file ("": the shipped fit), loaded once per process."""
+  return cost.load_coefficients(path=path or None)
+
+
+def _config_module():
+  """experiments/configs/ppo.py, imported as a package module or, failing that, by path."""
+  try:
+    from experiments.configs import ppo  # pylint: disable=g-import-not-at-top
+    return ppo
+  except ImportError:
+    import importlib.util  # pylint: disable=g-import-not-at-top
+    path = Path(__file__).resolve().parents[1] / "experiments" / "configs" / "ppo.py"
+    if not path.is_file():
+      raise OptimizeError(f"the PPO config {path} is missing (it ships with the repository)")
+    spec = importlib.util.spec_from_file_location("_xrlflow_ppo_config", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def ppo_config(budget: int | None = None, seed: int = 0, rules: Sequence[str] | None = None):
+  """The short-run PPO config: `experiments/configs/ppo.py:test` with `budget` updates."""
+  c = _config_module().get_config("test")
+  if budget:
+    c.ppo.total_timesteps = int(c.ppo.num_envs) * int(c.ppo.num_steps) * int(budget)
+  if rules:
+    c.env.rules = tuple(rules)
+  c.seed = seed
+  return c
+
+
+def rules_match(graph: layout.Graph, names: Sequence[str], max_locations: int) -> bool:
+  """Whether any of the rules `names` applies somewhere in `graph` (one jitted match)."""
+  ruleset = _ruleset(names, max_locations)
+  g = jax.tree_util.tree_map(jax.numpy.asarray, graph)
+  return bool(np.asarray(jax.jit(ruleset.match)(g).mask).any())
+
+
+def default_ppo_rules(graph: layout.Graph, max_locations: int) -> tuple[str, ...]:
+  """The rule set PPO trains with when none is given: the test config's five conv rules
+  (SqueezeNet's enlarge-then-merge situation) when one of them applies, else the default
+  config's wider set, else every built-in rule. OptimizeError when no rule applies at all."""
+  module = _config_module()
+  for names in (module.TEST_RULES, module.DEFAULT_RULES, ("all",)):
+    if rules_match(graph, names, max_locations):
+      return tuple(names)
+  raise OptimizeError("no built-in rule applies anywhere in this graph; nothing to optimise")
+
+
+def train_ppo(loaded: Loaded, config: Any, coeffs: cost.CostCoefficients,
+              log: Callable[[str], None] = print):
+  """Builds the environment, agent and trainer on `loaded` and trains in chunks.
+
+  Returns:
+    (trainer, ruleset, runner_state, seconds): the final RunnerState holds the network params
+    (`.params`) and the best graph training met (`.best_graph`, `.best_cost`, leading [1]).
+  """
+  from xrlflow_jax.agents.networks import Agent, AgentConfig  # pylint: disable=g-import-not-at-top
+  from xrlflow_jax.agents.ppo import PPOConfig, Trainer  # pylint: disable=g-import-not-at-top
+  from xrlflow_jax.env import GraphRewriteEnv  # pylint: disable=g-import-not-at-top
+
+  ruleset = _ruleset(config.env.rules, int(config.env.max_locations))
+  env = GraphRewriteEnv([loaded.graph], ruleset, lambda g: cost.graph_cost(g, coeffs),
+                        int(config.env.horizon), reward_scale=float(config.env.reward_scale),
+                        node_cost_fn=lambda g: cost.node_costs(g, coeffs),
+                        exact_candidate_delta=bool(config.env.exact_candidate_delta))
+  agent = Agent(ruleset, lambda g: cost.node_costs(g, coeffs), AgentConfig(**dict(config.agent)))
+  trainer = Trainer(PPOConfig.from_mapping(config.ppo), env, agent, jax.devices()[:1])
+  t0 = time.perf_counter()
+  state = trainer.init(jax.random.PRNGKey(int(config.seed)))
+  total = trainer.config.num_updates
+  chunk = _chunk_size(total, int(config.updates_per_chunk))
+  done = 0
+  while done < total:
+    state, metrics = trainer.run(state, chunk)
+    done += chunk
+    ret = float(np.nanmean(np.asarray(metrics["episode_return"])[-1:]))
+    best = float(np.asarray(state.best_cost)[0] / np.asarray(state.initial_cost)[0])
+    log(f"  ppo update {done}/{total}: return {ret:.3f}, best cost ratio {best:.4f} "
+        f"({time.perf_counter() - t0:.1f}s)")
+  return trainer, ruleset, state, time.perf_counter() - t0
+
+
+def _chunk_size(num_updates: int, wanted: int) -> int:
+  """The largest divisor of num_updates that is <= wanted."""
+  wanted = max(1, min(wanted, num_updates))
+  return max(d for d in range(1, wanted + 1) if num_updates % d == 0)
+
+
+def run_ppo(loaded: Loaded, coeffs: cost.CostCoefficients, *, budget: int | None = None,
+            seed: int = 0, rules: Sequence[str] | None = None,
+            options: Mapping[str, Any] | None = None,
+            log: Callable[[str], None] = print) -> Found:
+  """Short PPO training, then the policy as a search driver; the better graph by modelled cost
+  of the policy's result and the best graph training met (ties go to the policy, whose rewrite
+  sequence is known)."""
+  config = ppo_config(budget, seed, rules)
+  if not rules:
+    config.env.rules = default_ppo_rules(loaded.graph, int(config.env.max_locations))
+  trainer, ruleset, state, train_s = train_ppo(loaded, config, coeffs, log)
+  train_cost = float(np.asarray(state.best_cost)[0])
+  train_graph = layout.to_host(jax.tree_util.tree_map(lambda a: np.asarray(a)[0],
+                                                      state.best_graph))
+  details: dict[str, Any] = {"train_seconds": train_s, "train_updates":
+                             trainer.config.num_updates, "train_best_cost_ms": train_cost,
+                             **_ruleset_details(ruleset)}
+  search = _search_module()
+  policy = search.optimize(loaded.graph, loaded.params, "policy", ruleset, coeffs, measure=False,
+                           seed=seed, **_policy_options(trainer, state, options))
+  found = _found_from_result(policy, "policy")
+  log(f"  policy: modelled cost {found.initial_cost_ms:.4f} -> {found.cost_ms:.4f} ms with "
+      f"{len(found.rewrites or [])} rewrites; training's best {train_cost:.4f} ms")
+  details.update({"policy_cost_ms": found.cost_ms, "policy": found.details})
+  if train_cost < found.cost_ms * (1.0 - 1e-6):
+    found = Found(train_graph, train_cost, found.initial_cost_ms, None, "training", {})
+  found.details = details
+  return found
+
+
+def _policy_options(trainer: Any, state: Any, options: Mapping[str, Any] | None
+                    ) -> dict[str, Any]:
+  """Keyword arguments that hand the trained agent to the policy driver."""
+  opts = dict(options or {})
+  opts.setdefault("agent", trainer.agent)
+  opts.setdefault("network_params", state.params)
+  opts.setdefault("env", trainer.env)
+  return opts
+
+
+# ----------------------------------------------------------------------------------------------
+# The report
+# ----------------------------------------------------------------------------------------------
+
+@dataclasses.dataclass
+class OptimizeReport:
+  """What `optimize_model` did and found (see `to_json` for report.json).
+
+  Attributes:
+    source, label, kind ("zoo" | "onnx"), method, found_by ("policy" | "training" | method).
+    random_weights: initializers given seeded random values (graph-only ONNX files).
+    nodes_before, nodes_after: alive nodes; cost_before_ms, cost_after_ms: modelled cost.
+    latency_before, latency_after: XLA latency measured side by side, or None.
+    numerics: the output comparison; rewrites: the replayable steps (None: not recorded).
+    hash_before, hash_after: structural hashes; seconds: {stage: wall seconds}.
+    output_dir: where files were written ("" when none); files: {kind: path}.
+    details: the search's own figures.
+    input_graph, graph, params: the loaded graph, the optimised one and their weights (not in
+      report.json).
+  """
+  source: str
+  label: str
+  kind: str
+  method: str
+  found_by: str
+  random_weights: int
+  nodes_before: int
+  nodes_after: int
+  cost_before_ms: float
+  cost_after_ms: float
+  latency_before: cost.LatencyStats | None
+  latency_after: cost.LatencyStats | None
+  numerics: NumericsCheck
+  rewrites: list[dict[str, Any]] | None
+  hash_before: str
+  hash_after: str
+  seconds: dict[str, float]
+  output_dir: str = ""
+  files: dict[str, str] = dataclasses.field(default_factory=dict)
+  details: dict[str, Any] = dataclasses.field(default_factory=dict)
+  input_graph: Any = dataclasses.field(default=None, repr=False)
+  graph: Any = dataclasses.field(default=None, repr=False)
+  params: Any = dataclasses.field(default=None, repr=False)
+
+  @property
+  def modelled_speedup(self) -> float:
+    return self.cost_before_ms / self.cost_after_ms if self.cost_after_ms > 0 else 1.0
+
+  @property
+  def measured_speedup(self) -> float | None:
+    if self.latency_before is None or self.latency_after is None:
+      return None
+    return self.latency_before.median_ms / self.latency_after.median_ms
+
+  @property
+  def within_noise(self) -> bool | None:
+    """Whether the medians differ by less than half the larger IQR (None: not measured)."""
+    a, b = self.latency_before, self.latency_after
+    if a is None or b is None:
+      return None
+    return abs(a.median_ms - b.median_ms) < 0.5 * max(a.iqr_ms, b.iqr_ms)
+
+  def to_json(self) -> dict[str, Any]:
+    """A JSON-ready dict."""
+    def lat(s: cost.LatencyStats | None) -> dict[str, Any] | None:
+      if s is None:
+        return None
+      return {**dataclasses.asdict(s), "iqr_ms": s.iqr_ms}
+    return {
+        "source": self.source, "label": self.label, "kind": self.kind, "method": self.method,
+        "found_by": self.found_by, "random_weights": self.random_weights,
+        "nodes_before": self.nodes_before, "nodes_after": self.nodes_after,
+        "cost_before_ms": self.cost_before_ms, "cost_after_ms": self.cost_after_ms,
+        "modelled_speedup": self.modelled_speedup, "measured_speedup": self.measured_speedup,
+        "measured_within_noise": self.within_noise,
+        "latency_before": lat(self.latency_before), "latency_after": lat(self.latency_after),
+        "numerics": dataclasses.asdict(self.numerics),
+        "num_rewrites": None if self.rewrites is None else len(self.rewrites),
+        "hash_before": self.hash_before, "hash_after": self.hash_after,
+        "seconds": self.seconds, "output_dir": self.output_dir, "files": self.files,
+        "details": _jsonable(self.details),
+    }
+
+  def table(self) -> str:
+    """The before/after table printed by the CLI."""
+    def lat(s: cost.LatencyStats | None) -> str:
+      return "not measured" if s is None else f"{s.median_ms:.4f} ms ± {s.iqr_ms / 2:.4f}"
+    meas = self.measured_speedup
+    n = self.numerics
+    rows = [
+        ("", "before", "after"),
+        ("nodes", str(self.nodes_before), str(self.nodes_after)),
+        ("modelled cost", f"{self.cost_before_ms:.4f} ms", f"{self.cost_after_ms:.4f} ms"),
+        ("XLA latency (median ± IQR/2)", lat(self.latency_before), lat(self.latency_after)),
+    ]
+    w0 = max(len(r[0]) for r in rows)
+    w1 = max(len(r[1]) for r in rows)
+    lines = [f"{a:<{w0}}  {b:>{w1}}  {c}" for a, b, c in rows]
+    device = (f" on {self.latency_after.device_kind} ({self.latency_after.backend})"
+              if self.latency_after else "")
+    nrw = "unrecorded" if self.rewrites is None else str(len(self.rewrites))
+    noise = ""
+    if meas is not None and self.within_noise:
+      noise = " (within the measurement spread)"
+    returned = (": no rewrite lowered the modelled cost, the input is returned"
+                if self.details.get("returned_input") else "")
+    lines += [
+        f"speedup: modelled x{self.modelled_speedup:.3f}, measured "
+        + (f"x{meas:.3f}{device}{noise}" if meas is not None else "not measured"),
+        f"rewrites: {nrw} (found by {self.found_by}){returned}",
+        f"numerics: {'PASS' if n.passed else 'FAIL'} on {n.outputs} output(s): max abs error "
+        f"{n.max_abs_error:.2e}, max rel error {n.max_rel_error:.2e} (tolerance "
+        f"{n.tolerance:.0e})",
+        "time: " + ", ".join(f"{k} {v:.1f}s" for k, v in self.seconds.items()),
+    ]
+    if self.random_weights:
+      lines.append(f"note: {self.random_weights} initializers had no data in the file and were "
+                   "given seeded random weights")
+    return "\n".join(lines)
+
+
+def _jsonable(v: Any) -> Any:
+  if isinstance(v, (bool, int, str)) or v is None:
+    return v
+  if isinstance(v, (float, np.floating)):
+    f = float(v)
+    return f if math.isfinite(f) else None
+  if isinstance(v, np.integer):
+    return int(v)
+  if isinstance(v, (list, tuple)):
+    return [_jsonable(x) for x in v]
+  if isinstance(v, dict):
+    return {str(k): _jsonable(x) for k, x in v.items()}
+  return repr(v)
+
+
+# ----------------------------------------------------------------------------------------------
+# Writing
+# ----------------------------------------------------------------------------------------------
+
+def write_outputs(report: OptimizeReport, loaded: Loaded, best: layout.Graph, out_dir: Path, *,
+                  picture: bool = True, log: Callable[[str], None] = print) -> dict[str, str]:
+  """Writes the files into a fresh folder beside `out_dir`, then moves it into place, so a
+  failure (an ONNX export error) leaves no partial output. Returns {kind: path}."""
+  out_dir = Path(out_dir)
+  out_dir.parent.mkdir(parents=True, exist_ok=True)
+  tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}-", dir=out_dir.parent))
+  try:
+    files = _write_files(report, loaded, best, tmp, picture, log)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for name in os.listdir(tmp):
+      os.replace(tmp / name, out_dir / name)
+  finally:
+    shutil.rmtree(tmp, ignore_errors=True)
+  return {k: str(out_dir / v) for k, v in files.items()}
+
+
+def _write_files(report: OptimizeReport, loaded: Loaded, best: layout.Graph, folder: Path,
+                 picture: bool, log: Callable[[str], None]) -> dict[str, str]:
+  """Writes every output into `folder`; returns {kind: file name}."""
+  files: dict[str, str] = {}
+  if loaded.kind == "onnx":
+    from xrlflow_jax import onnx_io  # pylint: disable=g-import-not-at-top
+    onnx_io.save(best, loaded.params, folder / "optimized.onnx")
+    files["onnx"] = "optimized.onnx"
+  (folder / "rewrites.json").write_text(json.dumps(
+      {"source": report.source, "method": report.method, "found_by": report.found_by,
+       "rules": report.details.get("rules"),
+       "max_locations": report.details.get("max_locations"), "hash_before": report.hash_before,
+       "hash_after": report.hash_after, "capacity": G.capacity(loaded.graph),
+       "recorded": report.rewrites is not None, "rewrites": report.rewrites or []},
+      indent=2) + "\n")
+  files["rewrites"] = "rewrites.json"
+  (folder / "best_graph.txt").write_text(G.dump(best) + "\n")
+  files["graph_text"] = "best_graph.txt"
+  if picture:
+    from xrlflow_jax import visualize  # pylint: disable=g-import-not-at-top
+    how = visualize.draw_before_after(loaded.graph, best, folder / "graph.png",
+                                      title=f"{report.label}: {report.method}")
+    if how is None:
+      log("graph picture: skipped (neither graphviz's dot nor matplotlib is installed)")
+    else:
+      files["picture"] = "graph.png"
+  report.files = {k: str(v) for k, v in files.items()}
+  (folder / "report.json").write_text(json.dumps(report.to_json(), indent=2) + "\n")
+  files["report"] = "report.json"
+  return files
+
+
+def default_output_dir(label: str, method: str) -> Path:
+  """/tmp/xrlflow_optimize/<label>_<method> (or $TMPDIR's)."""
+  return Path(tempfile.gettempdir()) / "xrlflow_optimize" / f"{label}_{method}"
+
+
+# ----------------------------------------------------------------------------------------------
+# The job
+# ----------------------------------------------------------------------------------------------
+
+def optimize_model(source: str = DEFAULT_MODEL, *, method: str = "ppo", size: str = "tiny",
+                   input_shapes: Mapping[str, Sequence[int]] | None = None,
+                   output_dir: str | os.PathLike | None = None, budget: int | None = None,
+                   seed: int = 0, capacity: int | None = None,
+                   rules: Sequence[str] | None = None, search_options:
+                   Mapping[str, Any] | None = None, measure: bool = True,
+                   latency_rounds: int = 10, repeats_per_round: int = 3,
+                   tolerance: float = DEFAULT_TOLERANCE, picture: bool = True,
+                   cost_coefficients: str | None = None, write: bool = True,
+                   log: Callable[[str], None] = print) -> OptimizeReport:
+  """Optimises a model and writes the result with its evidence (see the module docstring).
+
+  Args:
+    source: a zoo model name or an .onnx path.
+    method: "ppo" (short training + policy), "greedy", "taso", "beam" or "random".
+    size: zoo size; input_shapes: ONNX dynamic input shapes {name: shape}.
+    output_dir: where to write (default `default_output_dir`).
+    budget: "ppo": PPO updates (default: the test config's 12); other methods: greedy's
+      max_steps, taso's budget (graphs expanded), beam's and random's steps (see
+      BUDGET_OPTION); None: the search's default.
+    seed: weights, search and training seed; capacity: node slots (default auto).
+    rules: rule names (default: every built-in rule for the searches; for "ppo"
+      `default_ppo_rules`, the test config's five when they apply).
+    search_options: extra keyword options of `search.optimize`.
+    measure: time both graphs with XLA (latency_rounds x repeats_per_round runs each).
+    tolerance: bound on max |a - b| / (1 + |a|) of the outputs.
+    picture: draw graph.png; cost_coefficients: a JSON file ("": the shipped fit).
+    write: write the output files (False: only return the report).
+  Raises:
+    OptimizeError (bad input), OnnxImportError, NumericsError (nothing written), SearchError.
+  """
+  if method not in METHODS:
+    raise OptimizeError(f"unknown method {method!r}; methods are {', '.join(METHODS)}")
+  times: dict[str, float] = {}
+  t = time.perf_counter()
+  loaded = load_source(str(source), size=size, input_shapes=input_shapes, capacity=capacity,
+                       seed=seed)
+  times["load"] = time.perf_counter() - t
+  log(f"loaded {loaded.label} ({loaded.kind}): {G.num_nodes(loaded.graph)} nodes, capacity "
+      f"{G.capacity(loaded.graph)}" + (f"; {loaded.random_weights} initializers given random "
+                                       "weights (the file has no weight data)"
+                                       if loaded.random_weights else ""))
+  coeffs = _coefficients(cost_coefficients or "")
+
+  t = time.perf_counter()
+  log(f"searching with {method}" + (f" (budget {budget})" if budget else "") + " ...")
+  if method == "ppo":
+    found = run_ppo(loaded, coeffs, budget=budget, seed=seed, rules=rules,
+                    options=search_options, log=log)
+  else:
+    opts = dict(search_options or {})
+    if budget is not None:
+      opts.setdefault(BUDGET_OPTION[method], int(budget))
+    found = run_search(loaded, method, coeffs, seed=seed, rules=rules, options=opts)
+  times["search"] = time.perf_counter() - t
+
+  t = time.perf_counter()
+  best = found.graph
+  G.validate(best, loaded.params)
+  numerics = check_numerics(loaded.graph, best, loaded.params, seed=seed, tolerance=tolerance)
+  times["check"] = time.perf_counter() - t
+  if not numerics.passed:
+    raise NumericsError(f"the optimised graph's outputs differ from the original's: max rel "
+                        f"error {numerics.max_rel_error:.3e} > tolerance {tolerance:.0e} (max "
+                        f"abs error {numerics.max_abs_error:.3e}); nothing was written")
+
+  lat_before = lat_after = None
+  if measure:
+    t = time.perf_counter()
+    lat_before, lat_after = measure_pair(loaded.graph, best, loaded.params, rounds=latency_rounds,
+                                         repeats_per_round=repeats_per_round, seed=seed)
+    times["measure"] = time.perf_counter() - t
+
+  report = OptimizeReport(
+      source=str(source), label=loaded.label, kind=loaded.kind, method=method,
+      found_by=found.found_by, random_weights=loaded.random_weights,
+      nodes_before=G.num_nodes(loaded.graph), nodes_after=G.num_nodes(best),
+      cost_before_ms=found.initial_cost_ms, cost_after_ms=found.cost_ms,
+      latency_before=lat_before, latency_after=lat_after, numerics=numerics,
+      rewrites=found.rewrites, hash_before=G.structural_hash(loaded.graph),
+      hash_after=G.structural_hash(best), seconds=times, details=found.details,
+      input_graph=loaded.graph, graph=best, params=loaded.params)
+  if write:
+    t = time.perf_counter()
+    out = Path(output_dir) if output_dir else default_output_dir(loaded.label, method)
+    report.output_dir = str(out)
+    times["write"] = 0.0
+    report.files = write_outputs(report, loaded, best, out, picture=picture, log=log)
+    times["write"] = time.perf_counter() - t
+  times["total"] = sum(v for k, v in times.items() if k != "total")
+  if write:  # report.json carries the final times
+    Path(report.files["report"]).write_text(json.dumps(report.to_json(), indent=2) + "\n")
+  return report

@@ -1,0 +1,61 @@
+"""Search drivers over the same rules and cost model as the RL environment.
+
+Final API (stable; the pipeline in `xrlflow_jax/optimize.py` and the experiments use it):
+
+  optimize(graph, params, method="taso", ruleset=None, coeffs=None, *, expander=None,
+           measure=False, seed=0, measure_options=None, **options) -> SearchResult
+      method in METHODS = ("greedy", "taso", "beam", "random", "policy"); ruleset None: every
+      built-in rule (64 locations); coeffs None: `cost.load_coefficients()`. Options per method:
+        greedy:  max_steps=100
+        taso:    budget=200, alpha=1.05, max_children=None, max_queue=10_000
+        beam:    beam_width=8, steps=20
+        random:  num_rollouts=16, steps=20
+        policy:  agent, network_params (params or a RunnerState), env=None, steps=None,
+                 num_samples=8, seed_index=None  (the ruleset is the agent's)
+      measure_options: passed to `guard.measure_pair` (rounds, repeats_per_round, warmup,
+        backend, seed).
+
+  greedy(graph, params, expander, *, max_steps, measure, seed, measure_options) -> SearchResult
+  taso(graph, params, expander, *, budget, alpha, max_children, max_queue, ...) -> SearchResult
+  beam(graph, params, expander, *, beam_width, steps, ...) -> SearchResult
+  random_search(graph, params, expander, *, num_rollouts, steps, seed, ...) -> SearchResult
+  policy(graph, params, expander, *, agent, network_params, env, steps, num_samples, ...)
+
+  Expander(ruleset, coeffs): jitted, compiled once per (ruleset, capacity):
+    costs(graph) -> Expansion(valid bool[A], cost float32[A], nodes int32[R, L, P]),
+      A = R * L, action = rule * L + location
+    apply(graph, action) -> graph;  apply_at(graph, rule, nodes) -> (graph, applied)
+    cost(graph) -> float32[]
+  replay(graph, ruleset, rewrites) -> graph      (re-applies a SearchResult's rewrites)
+  policy_params(agent, params_or_runner_state, seed_index=None, expected=None) -> params
+  init_network(agent, expander, graph, key, env=None) -> untrained network params
+
+  SearchResult fields: method, input_graph, best_graph, rewrites (list[RewriteStep: rule,
+    rule_index, location, nodes]), initial_cost_ms, best_cost_ms, input_latency, best_latency
+    (LatencyStats | None), seconds, graphs_expanded, candidates_costed, returned_input,
+    found_cost_ms, found_rewrites, options; properties speedup, modelled_speedup,
+    measured_speedup; to_json(), summary().
+  SearchError(XrlflowError): unknown method, bad options, no room in the graph's capacity, ...
+
+Every driver ends with the guard (`guard.finish`): with measure=True the input and the best graph
+are compiled and timed side by side (interleaved, one process) and the input is returned unless
+the best's median latency is lower; with measure=False the input is returned unless the best's
+modelled cost is lower.
+"""
+
+from xrlflow_jax.search.result import METHODS, RewriteStep, SearchError, SearchResult
+from xrlflow_jax.search.expand import Expander, Expansion, check_graph, replay
+from xrlflow_jax.search.guard import finish, measure_pair
+from xrlflow_jax.search.greedy import greedy
+from xrlflow_jax.search.backtracking import taso
+from xrlflow_jax.search.beam import beam
+from xrlflow_jax.search.random_search import random_search
+from xrlflow_jax.search.policy import network_params_of as policy_params
+from xrlflow_jax.search.policy import init_network, policy
+from xrlflow_jax.search.api import default_ruleset, get_expander, optimize
+
+__all__ = [
+    "METHODS", "Expander", "Expansion", "RewriteStep", "SearchError", "SearchResult", "beam",
+    "check_graph", "default_ruleset", "finish", "get_expander", "greedy", "init_network", "measure_pair",
+    "optimize", "policy", "policy_params", "random_search", "replay", "taso",
+]

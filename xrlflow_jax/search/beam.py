@@ -1,0 +1,83 @@
+"""Beam search: keep the `beam_width` cheapest distinct graphs at every depth."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+
+from xrlflow_jax.graph import host as graph_host
+from xrlflow_jax.graph import layout
+from xrlflow_jax.graph.params import ParamStore
+from xrlflow_jax.search import guard
+from xrlflow_jax.search.expand import Expander, check_graph, improves
+from xrlflow_jax.search.result import RewriteStep, SearchError, SearchResult
+
+
+def beam(graph: layout.Graph, params: ParamStore, expander: Expander, *, beam_width: int = 8,
+         steps: int = 20, measure: bool = False, seed: int = 0,
+         measure_options: dict[str, Any] | None = None) -> SearchResult:
+  """Beam search over rewrite sequences.
+
+  At each of `steps` depths every beam graph is expanded (one `Expander.costs` call each); the
+  children of all of them are ranked by modelled cost and the cheapest `beam_width` graphs not
+  seen before (`structural_hash`) form the next beam, whether or not they are cheaper than
+  their parent (so a costly rewrite can lead somewhere). The cheapest graph ever seen is kept.
+
+  Args:
+    graph: the input graph (capacity N); params: its weights (guard and validation).
+    expander: the compiled Expander.
+    beam_width: graphs kept per depth; steps: depth (most rewrites).
+    seed: unused (deterministic), kept for a common signature.
+    measure, measure_options: the guard (see `guard.finish`).
+  """
+  del seed
+  if beam_width < 1 or steps < 0:
+    raise SearchError(f"beam_width must be >= 1 and steps >= 0, got {beam_width}, {steps}")
+  started = time.perf_counter()
+  g0 = check_graph(graph, expander.ruleset)
+  first = expander.costs(g0)
+  cost0 = float(first.current)
+  seen = {graph_host.structural_hash(g0)}
+  frontier: list[tuple[float, Any, tuple[RewriteStep, ...]]] = [(cost0, g0, ())]
+  best_g, best_cost, best_steps = g0, cost0, ()
+  expanded = costed = 0
+  num_l = expander.max_locations
+  for _ in range(steps):
+    pool = []  # (cost, parent index, action)
+    expansions = []
+    for i, (_, g, _) in enumerate(frontier):
+      exp = first if expanded == 0 else expander.costs(g)
+      valid, costs = np.asarray(exp.valid), np.asarray(exp.cost)
+      expanded += 1
+      costed += int(valid.sum())
+      expansions.append(np.asarray(exp.nodes))
+      pool.extend((float(costs[a]), i, int(a)) for a in np.flatnonzero(valid))
+    pool.sort(key=lambda t: (t[0], t[1], t[2]))
+    nxt: list[tuple[float, Any, tuple[RewriteStep, ...]]] = []
+    for c, i, a in pool:
+      if len(nxt) >= beam_width:
+        break
+      r, loc = divmod(a, num_l)
+      _, parent, parent_steps = frontier[i]
+      nodes = expansions[i][r, loc]
+      g2, ok = expander.apply_at(parent, r, nodes)
+      if not ok:
+        continue
+      h = graph_host.structural_hash(g2)
+      if h in seen:
+        continue
+      seen.add(h)
+      child = (c, layout.to_host(g2), parent_steps + (expander.step(r, loc, nodes),))
+      nxt.append(child)
+      if improves(c, best_cost):
+        best_cost, best_g, best_steps = c, child[1], child[2]
+    if not nxt:
+      break
+    frontier = nxt
+  return guard.finish("beam", g0, best_g, list(best_steps), params, initial_cost=cost0,
+                      best_cost=best_cost, measure=measure, started=started,
+                      graphs_expanded=expanded, candidates_costed=costed,
+                      options={"beam_width": beam_width, "steps": steps},
+                      measure_options=measure_options)
