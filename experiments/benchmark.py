@@ -1,0 +1,197 @@
+r"""End-to-end benchmark: every method on every model, measured side by side.
+
+    python -m experiments.benchmark --quick --output=/tmp/bench        # two tiny models, minutes
+    python -m experiments.benchmark                                     # the zoo + ../shared/models
+    python -m experiments.benchmark --models=bert,resnet50_keepbn --methods=greedy,taso,ppo \
+        --taso_budget=500 --ppo_timesteps=51200
+
+For each model (zoo names at --size, ONNX paths, or stems of ../shared/models files, which get
+seeded random weights) it reports: the original graph's measured XLA latency; for each method
+(greedy, taso, beam, random search, and PPO trained on that model alone for --ppo_timesteps
+steps, its best graph seen during training) the modelled and measured latency and speedup, the
+optimisation wall time (compiles included) and the rewrites applied; and the environment's
+throughput (steps/s of a random valid-action policy, vmapped over --env_envs environments).
+
+Every method uses the same rules (--rules, --max_locations) and cost model. All graphs of a
+model, original included, are compiled and timed interleaved in one process
+(`cost.measure_interleaved`: --rounds rounds of --repeats_per_round runs each, in a fresh
+random order per round), and each graph's outputs are compared with the original's. A method
+that fails keeps its row with n/a and the error in the note.
+
+Writes to --output: benchmark.md (machine/backend/date header and the table), benchmark.csv,
+speedup.png (measured speedup per model per method; needs matplotlib) and prints the table.
+--quick: squeezenet1_1 and bert at the tiny size, tight capacities, cheap budgets (flags given
+explicitly still win).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from absl import app, flags
+
+from experiments.configs import ppo as ppo_configs
+
+_MODELS = flags.DEFINE_list("models", [], "Zoo names, ONNX paths or ../shared/models stems "
+                            "(default: every zoo model and every ../shared/models file).")
+_SIZE = flags.DEFINE_enum("size", "default", ["default", "tiny"], "Zoo model size.")
+_METHODS = flags.DEFINE_list("methods", ["greedy", "taso", "beam", "random", "ppo"],
+                             "Methods: greedy, taso, beam, random, ppo.")
+_OUTPUT = flags.DEFINE_string("output", "benchmark_results", "Output directory.")
+_QUICK = flags.DEFINE_bool("quick", False, "Two tiny models, cheap budgets.")
+_RULES = flags.DEFINE_list("rules", list(ppo_configs.DEFAULT_RULES),
+                           "Built-in rule names, or 'all' (every method uses these).")
+_LOCATIONS = flags.DEFINE_integer("max_locations", 16, "Locations kept per rule.")
+_CAPACITY = flags.DEFINE_integer("capacity", 0, "Node slots (0: the model's default; -1: "
+                                 "tight, 1.5 x nodes).")
+_GREEDY_STEPS = flags.DEFINE_integer("greedy_steps", 100, "greedy: max rewrites.")
+_TASO_BUDGET = flags.DEFINE_integer("taso_budget", 200, "taso: graphs expanded.")
+_TASO_ALPHA = flags.DEFINE_float("taso_alpha", 1.05, "taso: keep candidates within alpha x best.")
+_BEAM_WIDTH = flags.DEFINE_integer("beam_width", 8, "beam: width.")
+_BEAM_STEPS = flags.DEFINE_integer("beam_steps", 20, "beam: depth.")
+_RANDOM_ROLLOUTS = flags.DEFINE_integer("random_rollouts", 16, "random: rollouts.")
+_RANDOM_STEPS = flags.DEFINE_integer("random_steps", 20, "random: steps per rollout.")
+_PPO_TIMESTEPS = flags.DEFINE_integer("ppo_timesteps", 16 * 32 * 50,
+                                      "ppo: environment steps of training per model.")
+_PPO_HORIZON = flags.DEFINE_integer("ppo_horizon", 50, "ppo: episode length.")
+_ROUNDS = flags.DEFINE_integer("rounds", 10, "Interleaved timing rounds.")
+_REPEATS = flags.DEFINE_integer("repeats_per_round", 3, "Timed runs per graph per round.")
+_ENV_ENVS = flags.DEFINE_integer("env_envs", 8, "Environments of the steps/s rollout.")
+_ENV_STEPS = flags.DEFINE_integer("env_steps", 16, "Steps of the steps/s rollout.")
+_SEED = flags.DEFINE_integer("seed", 0, "Seed of weights, searches and training.")
+_COEFFS = flags.DEFINE_string("cost_coefficients", "", "Cost-model JSON ('' = shipped fit).")
+
+QUICK_MODELS = ("squeezenet1_1", "bert")
+QUICK = {"size": "tiny", "capacity": -1, "rules": ["merge_conv_shared_input_bias",
+                                                   "enlarge_conv_kernel_bias_sib_bias",
+                                                   "conv_bias_relu_fuse",
+                                                   "merge_matmul_shared_input_3",
+                                                   "matmul_gelu_fuse", "add_commute"],
+         "max_locations": 4, "greedy_steps": 8, "taso_budget": 6, "beam_width": 2,
+         "beam_steps": 3, "random_rollouts": 2, "random_steps": 4, "ppo_timesteps": 4 * 4 * 2,
+         "ppo_horizon": 6, "rounds": 3, "repeats_per_round": 2, "env_envs": 4, "env_steps": 4}
+
+
+def _opt(name: str) -> Any:
+  """A flag's value, or its --quick default when --quick is on and the flag was not given."""
+  flag = flags.FLAGS[name]
+  if _QUICK.value and not flag.present and name in QUICK:
+    return QUICK[name]
+  return flag.value
+
+
+def search_options() -> dict[str, dict[str, Any]]:
+  """Per-method options of `search.optimize` from the budget flags."""
+  return {"greedy": {"max_steps": _opt("greedy_steps")},
+          "taso": {"budget": _opt("taso_budget"), "alpha": _opt("taso_alpha")},
+          "beam": {"beam_width": _opt("beam_width"), "steps": _opt("beam_steps")},
+          "random": {"num_rollouts": _opt("random_rollouts"), "steps": _opt("random_steps")}}
+
+
+def ppo_config(model: str) -> Any:
+  """The PPO config for one model: the zoo's (test-sized under --quick) with the budget flags."""
+  c = ppo_configs.get_config("test" if _QUICK.value else model)
+  if _QUICK.value:
+    c.ppo.num_envs, c.ppo.num_steps, c.ppo.num_minibatches, c.ppo.update_epochs = 4, 4, 1, 1
+  c.ppo.total_timesteps = int(_opt("ppo_timesteps"))
+  c.env.horizon = int(_opt("ppo_horizon"))
+  c.seed = _SEED.value
+  return c
+
+
+COLUMNS = [("model", "model", ""), ("nodes_in", "nodes", ""), ("env_steps_per_s", "env steps/s",
+                                                                ".0f"),
+           ("method", "method", ""), ("nodes", "nodes out", ""),
+           ("modelled_speedup", "modelled speedup", ".3f"),
+           ("latency_ms", "latency ms (median)", ".4f"), ("latency_iqr_ms", "IQR ms", ".4f"),
+           ("measured_speedup", "measured speedup", ".3f"), ("seconds", "opt time s", ".1f"),
+           ("rewrites", "rewrites", ""), ("max_rel_error", "max rel err", ".1e"),
+           ("note", "note", "")]
+
+
+def benchmark_model(spec, ruleset, coeffs, methods: list[str]) -> list[dict[str, Any]]:
+  """Every method on one model; rows for the report (original first)."""
+  from xrlflow_jax import benchmarking as B  # pylint: disable=g-import-not-at-top
+  from xrlflow_jax import graph as G  # pylint: disable=g-import-not-at-top
+  cap = _opt("capacity")
+  (graph, params), = B.load_models([spec], capacity="tight" if cap < 0 else cap,
+                                   seed=_SEED.value)
+  G.validate(graph, params)
+  original = B.Outcome("original", graph, B.modelled_cost(graph, coeffs))
+  print(f"\n## {spec.label}: {G.num_nodes(graph)} nodes, capacity {G.capacity(graph)}, "
+        f"modelled {original.modelled_cost:.4f} ms", flush=True)
+  steps_per_s = B.env_steps_per_second(graph, ruleset, coeffs, num_envs=_opt("env_envs"),
+                                       steps=_opt("env_steps"), seed=_SEED.value)
+  print(f"  environment: {steps_per_s:.0f} steps/s (random policy)", flush=True)
+  options = search_options()
+  outcomes = []
+  for method in methods:
+    t0 = time.perf_counter()
+    try:
+      if method == "ppo":
+        policy = B.train_ppo([spec.label], [graph], [params], ppo_config(spec.source), coeffs,
+                             ruleset, log=lambda s: print("  " + s, flush=True))
+        best, best_cost = policy.best(0)
+        out = B.Outcome("ppo", best, best_cost, policy.seconds, None,
+                        f"best graph of {policy.env_steps} training steps")
+      else:
+        out = B.run_search(method, graph, params, ruleset, coeffs, options[method], _SEED.value)
+    except Exception as e:  # pylint: disable=broad-except
+      out = B.failed(method, e, time.perf_counter() - t0)
+    print(f"  {method}: modelled {out.modelled_cost:.4f} ms in {out.seconds:.1f}s "
+          f"{out.note}", flush=True)
+    outcomes.append(out)
+  orig_stats, stats, errors = B.measure_side_by_side(
+      graph, params, [o.graph for o in outcomes], rounds=_opt("rounds"),
+      repeats_per_round=_opt("repeats_per_round"))
+  base = {"model": spec.label, "nodes_in": G.num_nodes(graph),
+          "env_steps_per_s": steps_per_s}
+  return B.outcome_rows(base, original, outcomes, orig_stats, stats, errors)
+
+
+def main(argv: list[str]) -> None:
+  del argv
+  from xrlflow_jax import benchmarking as B  # pylint: disable=g-import-not-at-top
+  from xrlflow_jax import cost  # pylint: disable=g-import-not-at-top
+  methods = [m.strip() for m in _METHODS.value if m.strip()]
+  unknown = [m for m in methods if m not in B.METHODS]
+  if unknown:
+    raise app.UsageError(f"unknown methods {unknown}; use {B.METHODS}")
+  size = _opt("size")
+  names = _MODELS.value or (list(QUICK_MODELS) if _QUICK.value else None)
+  specs = [B.parse_model(n, size) for n in names] if names else B.default_models(size)
+  out_dir = Path(_OUTPUT.value)
+  out_dir.mkdir(parents=True, exist_ok=True)
+  coeffs = cost.load_coefficients(path=_COEFFS.value or None)
+  ruleset = B.make_ruleset(_opt("rules"), _opt("max_locations"))
+  header = (f"# xrlflow_jax benchmark\n\n{B.machine_header()}\n- rules: {len(ruleset)} x "
+            f"{ruleset.max_locations} locations; budgets: {search_options()}, ppo "
+            f"{_opt('ppo_timesteps')} steps (horizon {_opt('ppo_horizon')}); timing: "
+            f"{_opt('rounds')} interleaved rounds x {_opt('repeats_per_round')} runs")
+  print(header, flush=True)
+  rows: list[dict[str, Any]] = []
+  for spec in specs:
+    try:
+      rows.extend(benchmark_model(spec, ruleset, coeffs, methods))
+    except Exception as e:  # pylint: disable=broad-except
+      print(f"  {spec.label}: skipped ({type(e).__name__}: {str(e)[:200]})", flush=True)
+      rows.append({"model": spec.label, "method": "original",
+                   "note": f"skipped: {type(e).__name__}: {str(e)[:160]}"})
+  table = B.markdown_table(rows, COLUMNS)
+  text = (f"{header}\n\nSpeedups are original / method; measured = XLA latency timed side by "
+          f"side in this process, modelled = the cost model.\n\n{table}\n")
+  print("\n" + table, flush=True)
+  (out_dir / "benchmark.md").write_text(text)
+  B.write_csv(rows, out_dir / "benchmark.csv")
+  plotted = [r for r in rows if "measured_speedup" in r]
+  if B.plot_speedups(plotted, out_dir / "speedup.png", title="measured speedup (x)"):
+    print(f"\nwrote {out_dir / 'benchmark.md'}, benchmark.csv, speedup.png")
+  else:
+    print(f"\nwrote {out_dir / 'benchmark.md'}, benchmark.csv (speedup.png skipped: matplotlib "
+          "is not installed)")
+
+
+if __name__ == "__main__":
+  app.run(main)

@@ -1,0 +1,209 @@
+r"""Generalisation (X-RLflow's claim): a policy trained on some graphs optimises unseen ones.
+
+    python -m experiments.evaluate --quick --output=/tmp/eval                # minutes on a CPU
+    python -m experiments.evaluate --train_models=squeezenet1_1,resnet18 \
+        --eval_models=resnet50,resnext50,inception_v3,squeezenet1_1.onnx \
+        --eval_shapes=default,image=160 --eval_batch_sizes=2 --train_timesteps=102400
+
+PPO is trained once on the pool --train_models (zoo names, ONNX paths or ../shared/models
+stems). The trained policy is then run, without further training, on every model of
+--train_models and --eval_models at every shape variant of --eval_shapes (zoo models: any
+integer field of their config, e.g. image=160, seq=32, frames=40; ONNX files: batch, image or
+seq) and of --eval_batch_sizes (batch=N; ONNX only, zoo models fold batch 1 away): once with the
+most likely action at every step ("ppo-argmax") and as the best of --samples sampled episodes
+("ppo-best-of-K"). Greedy and TASO's backtracking search (same rules and cost model) are the
+baselines. The `seen` column says what training saw: "yes" (that graph), "model" (the model at
+another shape) or "no".
+
+Capacity: the policy network itself works for any number of node slots, but the trained
+environment, its rule set and the batched rollouts are compiled for one capacity, so every
+graph (training and evaluation) is built at ONE capacity: --capacity, or (0) the largest
+default capacity of all the models, or (-1) 1.5 x the largest node count. A graph that does not
+load (e.g. an ONNX export whose Reshape constants pin batch 1) keeps a row saying why.
+
+Each model's original graph and every method's graph are compiled and timed side by side
+(interleaved) in one process, outputs checked against the original. Writes to --output:
+evaluate.md (machine/backend/date header, training summary, table), evaluate.csv,
+training.csv (the PPO metrics per update), speedup.png (measured speedup per graph per method).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from absl import app, flags
+
+from experiments.configs import ppo as ppo_configs
+
+_TRAIN = flags.DEFINE_list("train_models", ["squeezenet1_1", "resnet18"],
+                           "Models PPO trains on (zoo names, ONNX paths, shared stems).")
+_EVAL = flags.DEFINE_list("eval_models", ["resnet50", "resnext50", "inception_v3"],
+                          "Models never seen in training.")
+_SHAPES = flags.DEFINE_list("eval_shapes", ["default", "image=160"],
+                            "Shape variants: default, or key=int[+key=int] (see the docstring).")
+_BATCHES = flags.DEFINE_list("eval_batch_sizes", [], "Extra batch=N variants (ONNX files).")
+_SIZE = flags.DEFINE_enum("size", "default", ["default", "tiny"], "Zoo model size.")
+_OUTPUT = flags.DEFINE_string("output", "evaluate_results", "Output directory.")
+_QUICK = flags.DEFINE_bool("quick", False, "Tiny models, a few PPO updates, cheap budgets.")
+_RULES = flags.DEFINE_list("rules", list(ppo_configs.DEFAULT_RULES), "Rule names or 'all'.")
+_LOCATIONS = flags.DEFINE_integer("max_locations", 16, "Locations kept per rule.")
+_CAPACITY = flags.DEFINE_integer("capacity", 0, "Node slots of every graph (0: the largest "
+                                 "default; -1: 1.5 x the largest node count).")
+_TIMESTEPS = flags.DEFINE_integer("train_timesteps", 16 * 32 * 100, "PPO environment steps.")
+_HORIZON = flags.DEFINE_integer("horizon", 50, "Episode length (training and evaluation).")
+_SAMPLES = flags.DEFINE_integer("samples", 8, "K of ppo-best-of-K.")
+_GREEDY_STEPS = flags.DEFINE_integer("greedy_steps", 100, "greedy: max rewrites.")
+_TASO_BUDGET = flags.DEFINE_integer("taso_budget", 200, "taso: graphs expanded.")
+_ROUNDS = flags.DEFINE_integer("rounds", 10, "Interleaved timing rounds.")
+_REPEATS = flags.DEFINE_integer("repeats_per_round", 3, "Timed runs per graph per round.")
+_SEED = flags.DEFINE_integer("seed", 0, "Seed of weights, training and sampling.")
+_COEFFS = flags.DEFINE_string("cost_coefficients", "", "Cost-model JSON ('' = shipped fit).")
+
+QUICK = {"train_models": ["squeezenet1_1"], "eval_models": ["resnet18"],
+         "eval_shapes": ["default", "image=48"], "size": "tiny", "capacity": -1,
+         "rules": ["merge_conv_shared_input_bias", "enlarge_conv_kernel_bias_sib_bias",
+                   "conv_bias_relu_fuse"],
+         "max_locations": 4, "train_timesteps": 4 * 4 * 2, "horizon": 6, "samples": 2,
+         "greedy_steps": 6, "taso_budget": 4, "rounds": 2, "repeats_per_round": 2}
+
+COLUMNS = [("model", "model", ""), ("shape", "shape", ""), ("seen", "seen in training", ""),
+           ("nodes_in", "nodes", ""), ("method", "method", ""),
+           ("modelled_speedup", "modelled speedup", ".3f"),
+           ("latency_ms", "latency ms (median)", ".4f"),
+           ("measured_speedup", "measured speedup", ".3f"), ("seconds", "time s", ".1f"),
+           ("max_rel_error", "max rel err", ".1e"), ("note", "note", "")]
+
+
+def _opt(name: str) -> Any:
+  """A flag's value, or its --quick default when --quick is on and the flag was not given."""
+  flag = flags.FLAGS[name]
+  if _QUICK.value and not flag.present and name in QUICK:
+    return QUICK[name]
+  return flag.value
+
+
+def ppo_config() -> Any:
+  """The PPO config: the zoo default (the `test` config's sizes under --quick) + the flags."""
+  c = ppo_configs.get_config("test" if _QUICK.value else "")
+  if _QUICK.value:
+    c.ppo.num_envs, c.ppo.num_steps, c.ppo.num_minibatches, c.ppo.update_epochs = 4, 4, 1, 1
+  c.ppo.total_timesteps = int(_opt("train_timesteps"))
+  c.env.horizon = int(_opt("horizon"))
+  c.seed = _SEED.value
+  return c
+
+
+def eval_specs(train_specs, size: str) -> list[tuple[Any, str]]:
+  """(spec at a shape variant, seen) for every train and eval model and every variant."""
+  from xrlflow_jax import benchmarking as B  # pylint: disable=g-import-not-at-top
+  shapes = [B.parse_shape(s) for s in _opt("eval_shapes")]
+  shapes += [(("batch", int(b)),) for b in _BATCHES.value]
+  shapes = list(dict.fromkeys(shapes)) or [()]
+  trained = {s.source for s in train_specs}
+  models = list(train_specs) + [B.parse_model(n, size) for n in _opt("eval_models")
+                                if B.parse_model(n, size).source not in trained]
+  out = []
+  for spec in models:
+    for shape in shapes:
+      seen = "no" if spec.source not in trained else ("yes" if not shape else "model")
+      out.append((spec.with_shape(shape), seen))
+  return out
+
+
+def evaluate_graph(policy, spec, seen: str, graph, params, coeffs) -> list[dict[str, Any]]:
+  """Baselines and the policy on one graph, measured side by side: report rows."""
+  import time  # pylint: disable=g-import-not-at-top
+  from xrlflow_jax import benchmarking as B  # pylint: disable=g-import-not-at-top
+  from xrlflow_jax import graph as G  # pylint: disable=g-import-not-at-top
+  ruleset = policy.run.ruleset
+  original = B.Outcome("original", graph, B.modelled_cost(graph, coeffs))
+  outcomes = []
+  for method, options in (("greedy", {"max_steps": _opt("greedy_steps")}),
+                          ("taso", {"budget": _opt("taso_budget")})):
+    t0 = time.perf_counter()
+    try:
+      outcomes.append(B.run_search(method, graph, params, ruleset, coeffs, options, _SEED.value))
+    except Exception as e:  # pylint: disable=broad-except
+      outcomes.append(B.failed(method, e, time.perf_counter() - t0))
+  try:
+    outcomes.extend(B.policy_outcomes(policy, graph, samples=_opt("samples"), seed=_SEED.value))
+  except Exception as e:  # pylint: disable=broad-except
+    outcomes.append(B.failed("ppo", e))
+  for o in outcomes:
+    print(f"  {o.method}: modelled x{original.modelled_cost / o.modelled_cost:.3f} in "
+          f"{o.seconds:.1f}s {o.note}", flush=True)
+  orig_stats, stats, errors = B.measure_side_by_side(
+      graph, params, [o.graph for o in outcomes], rounds=_opt("rounds"),
+      repeats_per_round=_opt("repeats_per_round"))
+  base = {"model": spec.label, "shape": spec.shape_label, "seen": seen,
+          "nodes_in": G.num_nodes(graph)}
+  return B.outcome_rows(base, original, outcomes, orig_stats, stats, errors)
+
+
+def main(argv: list[str]) -> None:
+  del argv
+  from xrlflow_jax import benchmarking as B  # pylint: disable=g-import-not-at-top
+  from xrlflow_jax import cost  # pylint: disable=g-import-not-at-top
+  from xrlflow_jax import graph as G  # pylint: disable=g-import-not-at-top
+  size = _opt("size")
+  out_dir = Path(_OUTPUT.value)
+  out_dir.mkdir(parents=True, exist_ok=True)
+  train_specs = [B.parse_model(n, size) for n in _opt("train_models")]
+  evals = eval_specs(train_specs, size)
+  cap = _opt("capacity")
+  loaded = B.load_models(train_specs + [s for s, _ in evals],
+                         capacity="tight" if cap < 0 else cap, seed=_SEED.value,
+                         errors="return")
+  train_loaded, eval_loaded = loaded[:len(train_specs)], loaded[len(train_specs):]
+  bad = [(s.label, e) for s, e in zip(train_specs, train_loaded) if isinstance(e, Exception)]
+  if bad:
+    raise app.UsageError(f"training models that do not load: {bad}")
+  coeffs = cost.load_coefficients(path=_COEFFS.value or None)
+  ruleset = B.make_ruleset(_opt("rules"), _opt("max_locations"))
+  capacity = G.capacity(train_loaded[0][0])
+  header = (f"# xrlflow_jax generalisation\n\n{B.machine_header()}\n- every graph at capacity "
+            f"{capacity}; rules: {len(ruleset)} x {ruleset.max_locations} locations; greedy "
+            f"{_opt('greedy_steps')} steps, taso budget {_opt('taso_budget')}; timing: "
+            f"{_opt('rounds')} interleaved rounds x {_opt('repeats_per_round')} runs")
+  print(header, flush=True)
+  policy = B.train_ppo([s.label for s in train_specs], [g for g, _ in train_loaded],
+                       [p for _, p in train_loaded], ppo_config(), coeffs, ruleset,
+                       log=lambda s: print(s, flush=True))
+  B.write_csv([{"update": i + 1, **{k: float(v[i]) for k, v in policy.metrics.items()}}
+               for i in range(len(policy.metrics["env_steps"]))], out_dir / "training.csv")
+  rows: list[dict[str, Any]] = []
+  for (spec, seen), item in zip(evals, eval_loaded):
+    if isinstance(item, Exception):
+      print(f"\n## {spec.label} [{spec.shape_label}]: skipped ({type(item).__name__})")
+      rows.append({"model": spec.label, "shape": spec.shape_label, "seen": seen,
+                   "method": "original", "note": f"not loaded: {type(item).__name__}: "
+                                                 f"{str(item).splitlines()[0][:160]}"})
+      continue
+    graph, params = item
+    print(f"\n## {spec.label} [{spec.shape_label}] (seen: {seen}): {G.num_nodes(graph)} nodes",
+          flush=True)
+    try:
+      rows.extend(evaluate_graph(policy, spec, seen, graph, params, coeffs))
+    except Exception as e:  # pylint: disable=broad-except
+      rows.append({"model": spec.label, "shape": spec.shape_label, "seen": seen,
+                   "method": "original", "note": f"failed: {type(e).__name__}: {str(e)[:160]}"})
+  train_line = (f"- PPO trained on {[s.label for s in train_specs]} for {policy.env_steps} "
+                f"steps in {policy.seconds:.1f}s (compile included); evaluation without further "
+                f"training")
+  table = B.markdown_table(rows, COLUMNS)
+  print("\n" + table, flush=True)
+  (out_dir / "evaluate.md").write_text(
+      f"{header}\n{train_line}\n\nSpeedups are original / method; measured = XLA latency timed "
+      f"side by side in this process, modelled = the cost model.\n\n{table}\n")
+  B.write_csv(rows, out_dir / "evaluate.csv")
+  plotted = [{**r, "graph": f"{r['model']}[{r['shape']}]"} for r in rows
+             if "measured_speedup" in r]
+  png = B.plot_speedups(plotted, out_dir / "speedup.png", group="graph",
+                        title="measured speedup on seen and unseen graphs (x)")
+  print(f"\nwrote {out_dir / 'evaluate.md'}, evaluate.csv, training.csv"
+        + (", speedup.png" if png else " (speedup.png skipped: matplotlib is not installed)"))
+
+
+if __name__ == "__main__":
+  app.run(main)

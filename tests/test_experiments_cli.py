@@ -1,0 +1,104 @@
+"""The end-to-end experiment binaries in their smallest settings: `experiments.benchmark` and
+`experiments.evaluate` run as subprocesses (as a user would) and write their table, CSV and PNG.
+
+Each run compiles searches, a PPO update and the measured graphs, so the default test runs the
+benchmark on one tiny model with two searches; anything that trains PPO (the full `--quick`
+benchmark, the evaluation) is marked slow (`python -m pytest -m slow`).
+"""
+
+from __future__ import annotations
+
+import csv
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+HAVE_MPL = importlib.util.find_spec("matplotlib") is not None
+
+
+def _run(module: str, *args: str, timeout: int = 600) -> str:
+  """Runs `python -m module args` from the repository root; its stdout (fails on rc != 0)."""
+  env = {**os.environ, "JAX_PLATFORMS": os.environ.get("JAX_PLATFORMS", "cpu")}
+  proc = subprocess.run([sys.executable, "-m", module, *args], cwd=REPO, env=env,
+                        capture_output=True, text=True, timeout=timeout, check=False)
+  assert proc.returncode == 0, f"{module} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
+  return proc.stdout
+
+
+def _rows(path: Path) -> list[dict[str, str]]:
+  with open(path, newline="") as f:
+    return list(csv.DictReader(f))
+
+
+def _check_outputs(out: Path, stem: str, methods: set[str]) -> list[dict[str, str]]:
+  """The markdown (machine header + table), CSV (every method, measured) and PNG exist."""
+  md = (out / f"{stem}.md").read_text()
+  for key in ("date:", "backend:", "cpu:", "| method |"):
+    assert key in md, f"{key!r} missing from {stem}.md"
+  rows = _rows(out / f"{stem}.csv")
+  assert methods <= {r["method"] for r in rows}, rows
+  for r in rows:
+    assert r["note"].find("OUTPUTS DIFFER") < 0, r
+    if r["method"] == "original":
+      assert float(r["latency_ms"]) > 0 and float(r["measured_speedup"]) == 1.0
+  if HAVE_MPL:
+    png = out / "speedup.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+  return rows
+
+
+def test_benchmark_quick_one_model(tmp_path):
+  """--quick on tiny BERT, two rules, two searches: every figure present and measured."""
+  out = tmp_path / "bench"
+  stdout = _run("experiments.benchmark", "--quick", "--models=bert", "--methods=greedy,beam",
+                "--rules=matmul_gelu_fuse,add_commute", f"--output={out}")
+  assert "| model |" in stdout and "backend:" in stdout
+  rows = _check_outputs(out, "benchmark", {"original", "greedy", "beam"})
+  for r in rows:
+    assert r["model"] == "bert"
+    assert float(r["env_steps_per_s"]) > 0
+    assert float(r["latency_ms"]) > 0, r  # no method failed
+    assert float(r["modelled_speedup"]) >= 1.0 - 1e-6  # the modelled guard
+    assert int(r["nodes"]) > 0
+
+
+def test_benchmark_rejects_unknown_method(tmp_path):
+  proc = subprocess.run([sys.executable, "-m", "experiments.benchmark", "--methods=nope",
+                         f"--output={tmp_path}"], cwd=REPO, capture_output=True, text=True,
+                        timeout=120, check=False)
+  assert proc.returncode != 0
+  assert "unknown methods" in proc.stdout + proc.stderr
+
+
+@pytest.mark.slow
+def test_benchmark_quick_all_methods(tmp_path):
+  """The full --quick run: two tiny models, every method including PPO."""
+  out = tmp_path / "bench"
+  _run("experiments.benchmark", "--quick", f"--output={out}", timeout=1800)
+  rows = _check_outputs(out, "benchmark", {"original", "greedy", "taso", "beam", "random", "ppo"})
+  assert {r["model"] for r in rows} == {"squeezenet1_1", "bert"}
+
+
+@pytest.mark.slow
+def test_evaluate_smallest(tmp_path):
+  """(Slow: two PPO compiles, about 2 minutes on 2 CPU cores.) Train PPO on tiny SqueezeNet for two updates; evaluate it on an unseen model and shape."""
+  out = tmp_path / "eval"
+  stdout = _run("experiments.evaluate", "--quick", "--eval_shapes=default,image=48",
+                "--train_models=squeezenet1_1", "--eval_models=resnet18", "--samples=2",
+                f"--output={out}")
+  assert "PPO trained" in stdout
+  rows = _check_outputs(out, "evaluate", {"original", "greedy", "taso", "ppo-argmax",
+                                          "ppo-best-of-2"})
+  seen = {(r["model"], r["shape"]): r["seen"] for r in rows}
+  assert seen[("squeezenet1_1", "default")] == "yes"
+  assert seen[("squeezenet1_1", "image=48")] == "model"
+  assert seen[("resnet18", "default")] == "no"
+  assert seen[("resnet18", "image=48")] == "no"
+  for r in rows:
+    assert float(r["latency_ms"]) > 0, r
+  assert len(_rows(out / "training.csv")) == 2

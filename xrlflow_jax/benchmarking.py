@@ -1,0 +1,670 @@
+"""Shared logic of the end-to-end experiments (`experiments/benchmark.py`, `experiments/evaluate.py`)
+and the notebooks: model specs, side-by-side latency measurement, search and PPO outcomes,
+environment throughput, and the reports (markdown, CSV, bar chart).
+
+Every speed figure these helpers report is measured: the original graph and every method's graph
+are compiled by XLA and timed interleaved in one process (`measure_side_by_side`), and each
+graph's outputs are compared with the original's on the same random inputs. Modelled figures
+(the cost model the searches optimise) are reported next to them, labelled as modelled.
+
+    from xrlflow_jax import benchmarking as B
+    spec = B.parse_model("squeezenet1_1", size="tiny")
+    graph, params = B.load_model(spec)
+    ruleset = B.make_ruleset(["all"], max_locations=16)
+    coeffs = cost.load_coefficients()
+    out = B.run_search("greedy", graph, params, ruleset, coeffs, {"max_steps": 20})
+    original_stats, stats, errors = B.measure_side_by_side(graph, params, [out.graph])
+
+The optimisation packages (`xrlflow_jax.search`, the PPO trainer) are imported lazily, so this
+module imports cheaply.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import datetime
+import os
+import platform
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from xrlflow_jax import cost, models
+from xrlflow_jax import graph as G
+from xrlflow_jax.errors import XrlflowError
+from xrlflow_jax.graph import Graph, GraphBuilder, ParamStore
+
+SEARCH_METHODS = ("greedy", "taso", "beam", "random")
+METHODS = SEARCH_METHODS + ("ppo",)
+SHARED_MODELS_ENV = "XRLFLOW_SHARED_MODELS"
+# The repository's sibling `shared/models` (graph-only real networks), if present.
+SHARED_MODELS = Path(os.environ.get(SHARED_MODELS_ENV,
+                                    Path(__file__).resolve().parents[2] / "shared" / "models"))
+SHAPE_KEYS_ONNX = ("batch", "image", "seq")
+
+Log = Callable[[str], None]
+
+
+class BenchmarkError(XrlflowError):
+  """A bad model spec, shape variant or option of an experiment."""
+
+
+# ----------------------------------------------------------------------------------------------
+# Models
+# ----------------------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class ModelSpec:
+  """A model to optimise: a zoo model (with a size) or an ONNX file, and an optional shape.
+
+  Attributes:
+    label: name in reports ("squeezenet1_1", "resnet50_keepbn.onnx", ...).
+    source: the zoo name, or the ONNX path.
+    size: zoo size ("default" or "tiny"; ignored for ONNX).
+    shape: a shape variant, e.g. (("image", 96),) or (("batch", 2),); () = as built/exported.
+  """
+  label: str
+  source: str
+  size: str = "default"
+  shape: tuple[tuple[str, int], ...] = ()
+
+  @property
+  def is_onnx(self) -> bool:
+    return self.source.endswith(".onnx")
+
+  @property
+  def shape_label(self) -> str:
+    """"default", or the variant as "key=value" joined by "+"."""
+    return "+".join(f"{k}={v}" for k, v in self.shape) or "default"
+
+  def with_shape(self, shape: Sequence[tuple[str, int]]) -> "ModelSpec":
+    return dataclasses.replace(self, shape=tuple(shape))
+
+
+def shared_model_paths(directory: str | os.PathLike[str] | None = None) -> list[Path]:
+  """The ONNX files of ../shared/models (sorted; [] when the directory is absent)."""
+  d = Path(directory) if directory is not None else SHARED_MODELS
+  return sorted(d.glob("*.onnx")) if d.is_dir() else []
+
+
+def parse_model(text: str, size: str = "default") -> ModelSpec:
+  """A ModelSpec from a zoo name, an ONNX path, or the stem of a file in ../shared/models.
+
+  Raises:
+    BenchmarkError: nothing of that name (the message lists the zoo and the shared files).
+  """
+  text = text.strip()
+  if text in models.list_models():
+    return ModelSpec(text, text, size)
+  path = Path(text)
+  if path.suffix == ".onnx":
+    if not path.is_file():
+      raise BenchmarkError(f"ONNX file {text} does not exist")
+    return ModelSpec(path.name, str(path), size)
+  shared = SHARED_MODELS / f"{text}.onnx"
+  if shared.is_file():
+    return ModelSpec(shared.name, str(shared), size)
+  raise BenchmarkError(f"unknown model {text!r}: not a zoo model ({', '.join(models.list_models())}),"
+                       f" an .onnx path, or a file of {SHARED_MODELS} "
+                       f"({', '.join(p.stem for p in shared_model_paths()) or 'absent'})")
+
+
+def default_models(size: str = "default") -> list[ModelSpec]:
+  """Every zoo model (at `size`) and every ONNX file of ../shared/models."""
+  return ([ModelSpec(n, n, size) for n in models.list_models()]
+          + [ModelSpec(p.name, str(p), size) for p in shared_model_paths()])
+
+
+def parse_shape(text: str) -> tuple[tuple[str, int], ...]:
+  """A shape variant from "default" / "" or "key=value[+key=value]" (e.g. "image=96+batch=2").
+
+  Zoo models take any integer field of their config (image, seq, frames, ...); ONNX files take
+  batch (dim 0 of every input), image (the last two dims of 4-D inputs) and seq (dim 1 of 2-D
+  inputs).
+  """
+  text = text.strip()
+  if text in ("", "default"):
+    return ()
+  out = []
+  for part in text.split("+"):
+    key, sep, value = part.partition("=")
+    if not sep or not value.strip().lstrip("-").isdigit():
+      raise BenchmarkError(f"bad shape variant {part!r}: use key=integer, e.g. image=96")
+    out.append((key.strip(), int(value)))
+  return tuple(out)
+
+
+def _zoo_builder(spec: ModelSpec, seed: int) -> GraphBuilder:
+  """A builder holding the zoo model of `spec`, its config fields replaced by `spec.shape`."""
+  from xrlflow_jax.models import registry  # pylint: disable=g-import-not-at-top
+  info = registry.model_info(spec.source)
+  cfg = info.config(spec.size)
+  if spec.shape:
+    fields = {f.name for f in dataclasses.fields(cfg)}
+    unknown = [k for k, _ in spec.shape if k not in fields]
+    if unknown:
+      raise BenchmarkError(f"{spec.source}: no config field {unknown} to vary (zoo models fold "
+                           f"batch 1 away; fields: {sorted(fields)})")
+    cfg = dataclasses.replace(cfg, **dict(spec.shape))
+  b = GraphBuilder(seed=seed, name=f"{spec.source}[{spec.size}]")
+  info.fn(b, cfg)
+  return b
+
+
+def _onnx_with_shape(path: str, shape: Sequence[tuple[str, int]]):
+  """(ModelProto with dynamic dims where `shape` changes them, {input: new shape})."""
+  import onnx  # pylint: disable=g-import-not-at-top
+  model = onnx.load(path, load_external_data=False)
+  inits = {i.name for i in model.graph.initializer}
+  changes = dict(shape)
+  unknown = [k for k in changes if k not in SHAPE_KEYS_ONNX]
+  if unknown:
+    raise BenchmarkError(f"{Path(path).name}: ONNX shape variants take {SHAPE_KEYS_ONNX}, "
+                         f"not {unknown}")
+  shapes = {}
+  for inp in model.graph.input:
+    if inp.name in inits:
+      continue
+    dims = inp.type.tensor_type.shape.dim
+    new = [d.dim_value for d in dims]
+    if "batch" in changes and new:
+      new[0] = changes["batch"]
+    if "image" in changes and len(new) == 4:
+      new[2] = new[3] = changes["image"]
+    if "seq" in changes and len(new) == 2:
+      new[1] = changes["seq"]
+    for i, d in enumerate(dims):
+      if new[i] != d.dim_value:
+        d.dim_param = f"{inp.name}_dim{i}"
+    shapes[inp.name] = tuple(new)
+  for out in model.graph.output:  # static output shapes of the export no longer hold
+    out.type.tensor_type.ClearField("shape")
+  del model.graph.value_info[:]
+  return model, shapes
+
+
+def load_model(spec: ModelSpec, capacity: int | None = None,
+               seed: int = 0) -> tuple[Graph, ParamStore]:
+  """The padded graph and weights of `spec` (ONNX files get seeded random weights).
+
+  Args:
+    capacity: node slots; None: the zoo's / importer's default.
+  Raises:
+    BenchmarkError: a shape variant the model cannot take; OnnxImportError when a shape variant
+      breaks the export (e.g. a Reshape to a constant batch-1 shape); CapacityError.
+  """
+  if spec.is_onnx:
+    from xrlflow_jax import onnx_io  # pylint: disable=g-import-not-at-top
+    if not spec.shape:
+      return onnx_io.load(spec.source, random_weights=True, seed=seed, capacity=capacity)
+    model, shapes = _onnx_with_shape(spec.source, spec.shape)
+    return onnx_io.load(model, input_shapes=shapes, random_weights=True, seed=seed,
+                        capacity=capacity)
+  b = _zoo_builder(spec, seed)
+  return b.build(capacity if capacity else models.default_capacity(len(b)))
+
+
+def tight_capacity(num_nodes: int, headroom: float = 1.5, quantum: int = 64) -> int:
+  """Node slots for `num_nodes` with `headroom` for rewrites, a multiple of `quantum` (small
+  capacities make matching and training cheaper than the zoo's 1024-slot default)."""
+  need = int(np.ceil(headroom * num_nodes))
+  return max(quantum, -(-need // quantum) * quantum)
+
+
+def load_models(specs: Sequence[ModelSpec], *, capacity: int | str = 0, seed: int = 0,
+                errors: str = "raise") -> list[Any]:
+  """Graphs of `specs` sharing one capacity (a trained policy needs one capacity).
+
+  Args:
+    capacity: an int > 0 for that capacity; 0 for the largest default capacity of the models;
+      "tight" for `tight_capacity` of the largest model.
+    errors: "raise", or "return" to put the exception in place of a model that does not load
+      (e.g. a shape variant the export cannot take) and carry on with the others.
+  Returns:
+    (graph, params) per spec (or the exception, with errors="return").
+  """
+  def load(spec: ModelSpec, cap: int | None) -> Any:
+    try:
+      return load_model(spec, cap, seed)
+    except Exception as e:  # pylint: disable=broad-except
+      if errors == "raise":
+        raise
+      return e
+
+  if isinstance(capacity, int) and capacity > 0:
+    return [load(s, capacity) for s in specs]
+  loaded = [load(s, None) for s in specs]
+  ok = [x for x in loaded if not isinstance(x, Exception)]
+  if not ok:
+    return loaded
+  if capacity == "tight":
+    cap = max(tight_capacity(G.num_nodes(g)) for g, _ in ok)
+  else:
+    cap = max(G.capacity(g) for g, _ in ok)
+  return [x if isinstance(x, Exception) or G.capacity(x[0]) == cap else load(s, cap)
+          for s, x in zip(specs, loaded)]
+
+
+# ----------------------------------------------------------------------------------------------
+# Machine header
+# ----------------------------------------------------------------------------------------------
+
+def _cpu_name() -> str:
+  try:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+      if line.startswith("model name"):
+        return line.split(":", 1)[1].strip()
+  except OSError:
+    pass
+  return platform.processor() or platform.machine()
+
+
+def machine_info() -> dict[str, str]:
+  """Date (UTC), host, CPU, Python, JAX and the backend every figure was measured on."""
+  dev = jax.devices()[0]
+  return {
+      "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+      "host": f"{platform.system()} {platform.release()} {platform.machine()}",
+      "cpu": f"{_cpu_name()} ({os.cpu_count()} logical cores)",
+      "python": platform.python_version(),
+      "jax": f"jax {jax.__version__}, jaxlib {getattr(jax.lib, '__version__', '?')}",
+      "backend": f"{dev.platform} ({dev.device_kind}) x {jax.device_count()}",
+  }
+
+
+def machine_header() -> str:
+  """`machine_info` as markdown lines."""
+  return "\n".join(f"- {k}: {v}" for k, v in machine_info().items())
+
+
+# ----------------------------------------------------------------------------------------------
+# Rules and environment throughput
+# ----------------------------------------------------------------------------------------------
+
+def make_ruleset(names: Sequence[str], max_locations: int = 16):
+  """A RuleSet of built-in rules by name (("all",) for every one)."""
+  from xrlflow_jax.agents import runs  # pylint: disable=g-import-not-at-top
+  from xrlflow_jax.rules import RuleSet  # pylint: disable=g-import-not-at-top
+  return RuleSet(runs.select_rules(list(names)), max_locations=int(max_locations))
+
+
+def make_env(graphs: Sequence[Graph] | Graph, ruleset, coeffs: cost.CostCoefficients,
+             horizon: int = 50, reward_scale: float = 10.0):
+  """The graph-rewrite environment over `graphs` under the cost model `coeffs`."""
+  from xrlflow_jax.env import GraphRewriteEnv  # pylint: disable=g-import-not-at-top
+  graphs = [graphs] if isinstance(graphs, Graph) else list(graphs)
+  return GraphRewriteEnv(graphs, ruleset, lambda g: cost.graph_cost(g, coeffs), int(horizon),
+                         reward_scale=reward_scale,
+                         node_cost_fn=lambda g: cost.node_costs(g, coeffs))
+
+
+def env_steps_per_second(graph: Graph, ruleset, coeffs: cost.CostCoefficients, *,
+                         num_envs: int = 8, steps: int = 16, horizon: int = 50,
+                         seed: int = 0) -> float:
+  """Environment steps per second of a random valid-action policy (vmapped, one `lax.scan`).
+
+  The rollout is compiled ahead of time and one warm-up call is made; the figure is the best of
+  two timed calls (each `num_envs * steps` steps: matching every rule, applying the rewrite,
+  costing the graph, auto-reset).
+  """
+  from xrlflow_jax.env import AutoResetWrapper, VmapWrapper  # pylint: disable=g-import-not-at-top
+  venv = VmapWrapper(AutoResetWrapper(make_env(graph, ruleset, coeffs, horizon)))
+
+  def rollout(key):
+    state, ts = venv.reset(jax.random.split(key, num_envs))
+
+    def body(carry, k):
+      state, obs = carry
+      logits = jnp.where(obs.action_mask, 0.0, -jnp.inf)
+      action = jax.random.categorical(k, logits, axis=-1).astype(jnp.int32)
+      state, ts = venv.step(state, action)
+      return (state, ts.observation), ts.reward
+
+    _, rewards = jax.lax.scan(body, (state, ts.observation), jax.random.split(key, steps))
+    return rewards
+
+  key = jax.random.PRNGKey(seed)
+  fn = jax.jit(rollout).lower(key).compile()
+  jax.block_until_ready(fn(key))
+  best = np.inf
+  for i in range(2):
+    t0 = time.perf_counter()
+    jax.block_until_ready(fn(jax.random.fold_in(key, i + 1)))
+    best = min(best, time.perf_counter() - t0)
+  return num_envs * steps / best
+
+
+# ----------------------------------------------------------------------------------------------
+# Optimisation outcomes
+# ----------------------------------------------------------------------------------------------
+
+@dataclasses.dataclass
+class Outcome:
+  """What one method made of one graph.
+
+  Attributes:
+    method: "original", a search method, "ppo", "ppo-argmax", "ppo-best-of-K", ...
+    graph: the graph returned (None when the method failed).
+    modelled_cost: its modelled cost (ms); seconds: wall time of the method (compiles included).
+    rewrites: rewrites applied (None when the method does not report them).
+    note: an error or remark for the report.
+  """
+  method: str
+  graph: Graph | None
+  modelled_cost: float
+  seconds: float = 0.0
+  rewrites: int | None = None
+  note: str = ""
+
+
+def modelled_cost(graph: Graph, coeffs: cost.CostCoefficients) -> float:
+  """The cost model's latency estimate of `graph` (ms)."""
+  return float(cost.graph_cost(graph, coeffs))
+
+
+def run_search(method: str, graph: Graph, params: ParamStore, ruleset, coeffs, options:
+               Mapping[str, Any] | None = None, seed: int = 0) -> Outcome:
+  """`search.optimize` with the modelled guard only (latency is measured afterwards, side by
+  side with every other method's graph)."""
+  from xrlflow_jax import search  # pylint: disable=g-import-not-at-top
+  t0 = time.perf_counter()
+  r = search.optimize(graph, params, method, ruleset, coeffs, measure=False, seed=seed,
+                      **dict(options or {}))
+  note = "input returned (nothing cheaper found)" if r.returned_input else ""
+  return Outcome(method, r.best_graph, float(r.best_cost_ms), time.perf_counter() - t0,
+                 len(r.rewrites), note)
+
+
+def failed(method: str, error: Exception, seconds: float = 0.0) -> Outcome:
+  """An Outcome for a method that raised (the report keeps the row, honestly empty)."""
+  first = (str(error).strip().splitlines() or [type(error).__name__])[0]
+  return Outcome(method, None, float("nan"), seconds, None, f"{type(error).__name__}: {first[:160]}")
+
+
+# ----------------------------------------------------------------------------------------------
+# PPO: training and policy rollouts
+# ----------------------------------------------------------------------------------------------
+
+@dataclasses.dataclass
+class TrainedPolicy:
+  """A PPO run's result.
+
+  Attributes:
+    run: `agents.runs.Run` (names, graphs, params, coeffs, ruleset, env, agent, trainer).
+    state: the final RunnerState (network params in `state.params`; best graphs per pool graph).
+    metrics: {metric: float32[num_updates]} (see `agents.METRICS`).
+    seconds: wall time of initialisation + training (compile included); env_steps: steps taken.
+  """
+  run: Any
+  state: Any
+  metrics: dict[str, np.ndarray]
+  seconds: float
+  env_steps: int
+
+  def best(self, index: int) -> tuple[Graph, float]:
+    """(best graph seen during training, its modelled cost) of pool graph `index`."""
+    graph = jax.tree_util.tree_map(lambda a: np.asarray(a[index]), self.state.best_graph)
+    return graph, float(np.asarray(self.state.best_cost)[index])
+
+
+def build_run(names: Sequence[str], graphs: Sequence[Graph], params: Sequence[ParamStore],
+              config: Any, coeffs: cost.CostCoefficients, ruleset=None):
+  """An `agents.runs.Run` over given graphs (one capacity) with a config's env/agent/ppo fields
+  (see experiments/configs/ppo.py); `ruleset` overrides `config.env.rules`/`max_locations`."""
+  from xrlflow_jax.agents import runs  # pylint: disable=g-import-not-at-top
+  from xrlflow_jax.agents.networks import Agent, AgentConfig  # pylint: disable=g-import-not-at-top
+  from xrlflow_jax.agents.ppo import PPOConfig, Trainer  # pylint: disable=g-import-not-at-top
+  if ruleset is None:
+    ruleset = make_ruleset(config.env.rules, int(config.env.max_locations))
+  env = make_env(graphs, ruleset, coeffs, int(config.env.horizon), float(config.env.reward_scale))
+  agent = Agent(ruleset, env.node_cost_fn, AgentConfig(**dict(config.agent)))
+  trainer = Trainer(PPOConfig.from_mapping(config.ppo), env, agent)
+  return runs.Run(list(names), list(graphs), list(params), coeffs, ruleset, env, agent, trainer)
+
+
+def train_ppo(names: Sequence[str], graphs: Sequence[Graph], params: Sequence[ParamStore],
+              config: Any, coeffs: cost.CostCoefficients, ruleset=None,
+              log: Log | None = None) -> TrainedPolicy:
+  """Trains PPO on a pool of graphs (one jitted `lax.scan` of all updates after `init`)."""
+  t0 = time.perf_counter()
+  run = build_run(names, graphs, params, config, coeffs, ruleset)
+  cfg = run.trainer.config
+  if log:
+    log(f"PPO on {list(names)} (capacity {G.capacity(graphs[0])}): {len(run.ruleset)} rules x "
+        f"{run.ruleset.max_locations} locations, {cfg.num_updates} updates of {cfg.batch_size} "
+        f"steps")
+  state = run.trainer.init(jax.random.PRNGKey(int(config.seed)))
+  state, metrics = run.trainer.run(state, cfg.num_updates)
+  jax.block_until_ready(state.best_cost)
+  seconds = time.perf_counter() - t0
+  metrics = {k: np.asarray(v) for k, v in metrics.items()}
+  if log:
+    log(f"PPO trained {cfg.num_updates * cfg.batch_size} steps in {seconds:.1f}s (compile "
+        f"included); final episode return {float(metrics['episode_return'][-1]):.3f}")
+  return TrainedPolicy(run, state, metrics, seconds, cfg.num_updates * cfg.batch_size)
+
+
+def _rollout_fn(policy: TrainedPolicy, steps: int):
+  """A jittable (network params, graph, keys [E], greedy bool[E]) -> (best costs [E], best
+  graphs [E]): E policy episodes on `graph`, each with the most likely action (greedy) or a
+  sampled one at every step, each keeping the cheapest graph it reached.
+
+  The graph is an argument (the environment is built inside the trace), so one compile serves
+  every graph of the training capacity.
+  """
+  from xrlflow_jax.agents import MaskedCategorical  # pylint: disable=g-import-not-at-top
+  run = policy.run
+
+  def select(done, a, b):
+    return jax.tree_util.tree_map(lambda x, y: jnp.where(done, x, y), a, b)
+
+  def episode(net_params, env, key, greedy):
+    state, ts = env.reset(key)
+
+    def body(carry, k):
+      state, obs, done = carry
+      logits, _ = run.agent.apply(net_params, obs)
+      dist = MaskedCategorical(logits, obs.action_mask)
+      action = jnp.where(greedy, dist.mode(), dist.sample(k))
+      new_state, ts = env.step(state, action)
+      return (select(done, state, new_state), select(done, obs, ts.observation),
+              done | ts.last()), None
+
+    init = (state, ts.observation, jnp.asarray(False))
+    (state, _, _), _ = jax.lax.scan(body, init, jax.random.split(key, steps))
+    return state.best_cost, state.best_graph
+
+  def rollouts(net_params, graph, keys, greedy):
+    env = make_env(graph, run.ruleset, run.coeffs, run.env.horizon, run.env.reward_scale)
+    return jax.vmap(episode, in_axes=(None, None, 0, 0))(net_params, env, keys, greedy)
+
+  return rollouts
+
+
+_ROLLOUTS: dict[tuple[int, int], Any] = {}
+
+
+def policy_outcomes(policy: TrainedPolicy, graph: Graph, *, samples: int = 8,
+                    steps: int | None = None, seed: int = 0) -> list[Outcome]:
+  """The trained policy on a (possibly unseen) graph of the training capacity.
+
+  Returns two Outcomes: "ppo-argmax" (the most likely action each step) and "ppo-best-of-K"
+  (K = `samples` sampled episodes, the cheapest graph any of them reached). Each keeps the
+  cheapest graph of its episode(s) under the cost model, the input when nothing is cheaper.
+  Both run in one compiled, vmapped call (K + 1 episodes), compiled once per policy and K; the
+  seconds reported for each are that call's wall time (compile included on first use).
+  """
+  run = policy.run
+  if G.capacity(graph) != G.capacity(run.graphs[0]):
+    raise BenchmarkError(f"the policy was trained at capacity {G.capacity(run.graphs[0])}; "
+                         f"this graph has {G.capacity(graph)} (build it at the training one)")
+  steps = int(steps or run.env.horizon)
+  cache_key = (id(policy), steps)
+  if cache_key not in _ROLLOUTS:
+    _ROLLOUTS.clear()  # one policy at a time
+    _ROLLOUTS[cache_key] = jax.jit(_rollout_fn(policy, steps))
+  keys = jax.random.split(jax.random.PRNGKey(seed), samples + 1)
+  greedy = jnp.arange(samples + 1) == 0
+  t0 = time.perf_counter()
+  graph = jax.tree_util.tree_map(jnp.asarray, graph)
+  costs, graphs = _ROLLOUTS[cache_key](policy.state.params, graph, keys, greedy)
+  costs = np.asarray(costs)
+  seconds = time.perf_counter() - t0
+
+  def pick(i: int) -> Graph:
+    return jax.tree_util.tree_map(lambda a: np.asarray(a[i]), graphs)
+
+  i = 1 + int(np.argmin(costs[1:]))
+  return [Outcome("ppo-argmax", pick(0), float(costs[0]), seconds),
+          Outcome(f"ppo-best-of-{samples}", pick(i), float(costs[i]), seconds)]
+
+
+# ----------------------------------------------------------------------------------------------
+# Measurement
+# ----------------------------------------------------------------------------------------------
+
+def _max_rel_error(ref: Sequence[Any], new: Sequence[Any]) -> float:
+  err = 0.0
+  for a, b in zip(ref, new):
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    if a.size:
+      err = max(err, float(np.max(np.abs(a - b) / (1.0 + np.abs(a)))))
+  return err
+
+
+def measure_side_by_side(original: Graph, params: ParamStore,
+                         graphs: Sequence[Graph | None], *, rounds: int = 10,
+                         repeats_per_round: int = 3, backend: str | None = None,
+                         ) -> tuple[cost.LatencyStats, list[cost.LatencyStats | None],
+                                    list[float]]:
+  """Latency of `original` and of each graph, timed interleaved in one process.
+
+  Identical graphs (same structural hash) are compiled once. Each graph's outputs are compared
+  with the original's on the same random inputs (max |a - b| / (1 + |a|)).
+  Returns (original stats, stats per graph (None where the graph is None), max relative error
+  per graph (nan where None)).
+  """
+  keys, unique = [], {}
+  for g in [original, *graphs]:
+    if g is None:
+      keys.append(None)
+      continue
+    h = G.structural_hash(g)
+    keys.append(h)
+    if h not in unique:
+      G.validate(g, params)
+      unique[h] = cost.compile_graph(g, params, backend=backend, what=f"graph {len(unique)}")
+  order = list(unique)
+  stats = dict(zip(order, cost.measure_interleaved([unique[h] for h in order], rounds=rounds,
+                                                    repeats_per_round=repeats_per_round)))
+  outputs = {h: c.fn(*c.args) for h, c in unique.items()}
+  ref = outputs[keys[0]]
+  errors = [float("nan") if h is None else _max_rel_error(ref, outputs[h]) for h in keys[1:]]
+  return stats[keys[0]], [None if h is None else stats[h] for h in keys[1:]], errors
+
+
+# ----------------------------------------------------------------------------------------------
+# Reports
+# ----------------------------------------------------------------------------------------------
+
+def outcome_rows(base: Mapping[str, Any], original: Outcome, outcomes: Sequence[Outcome],
+                 orig_stats: cost.LatencyStats, stats: Sequence[cost.LatencyStats | None],
+                 errors: Sequence[float]) -> list[dict[str, Any]]:
+  """Report rows (one for the original, one per outcome): `base` fields, then method, nodes,
+  modelled and measured latency and speedup, time, rewrites, max relative error, note."""
+  nan = float("nan")
+  rows = [{**base, "method": "original", "nodes": G.num_nodes(original.graph),
+           "modelled_ms": original.modelled_cost, "modelled_speedup": 1.0,
+           "latency_ms": orig_stats.median_ms, "latency_iqr_ms": orig_stats.iqr_ms,
+           "measured_speedup": 1.0, "seconds": 0.0, "rewrites": 0, "max_rel_error": 0.0,
+           "note": ""}]
+  for o, s, e in zip(outcomes, stats, errors):
+    ok = o.graph is not None and s is not None
+    rows.append({
+        **base, "method": o.method, "nodes": G.num_nodes(o.graph) if ok else "",
+        "modelled_ms": o.modelled_cost,
+        "modelled_speedup": original.modelled_cost / o.modelled_cost if ok else nan,
+        "latency_ms": s.median_ms if ok else nan, "latency_iqr_ms": s.iqr_ms if ok else nan,
+        "measured_speedup": orig_stats.median_ms / s.median_ms if ok else nan,
+        "seconds": o.seconds, "rewrites": "" if o.rewrites is None else o.rewrites,
+        "max_rel_error": e, "note": o.note + (
+            "" if not ok or e < 1e-3 else f" OUTPUTS DIFFER (max rel err {e:.1e})")})
+  return rows
+
+
+def _fmt(value: Any, spec: str) -> str:
+  if isinstance(value, float):
+    return "n/a" if np.isnan(value) else format(value, spec)
+  return str(value)
+
+
+def markdown_table(rows: Sequence[Mapping[str, Any]],
+                   columns: Sequence[tuple[str, str, str]]) -> str:
+  """A markdown table of `rows`; columns are (key, header, format spec for floats)."""
+  lines = ["| " + " | ".join(h for _, h, _ in columns) + " |",
+           "|" + "|".join("---:" if f else "---" for _, _, f in columns) + "|"]
+  for r in rows:
+    lines.append("| " + " | ".join(_fmt(r.get(k, ""), f) for k, _, f in columns) + " |")
+  return "\n".join(lines)
+
+
+def write_csv(rows: Sequence[Mapping[str, Any]], path: str | os.PathLike[str]) -> None:
+  """`rows` as CSV (columns: the union of the rows' keys, in first-seen order)."""
+  keys: list[str] = []
+  for r in rows:
+    keys.extend(k for k in r if k not in keys)
+  with open(path, "w", newline="") as f:
+    w = csv.DictWriter(f, fieldnames=keys)
+    w.writeheader()
+    w.writerows(rows)
+
+
+def plot_speedups(rows: Sequence[Mapping[str, Any]], path: str | os.PathLike[str], *,
+                  group: str = "model", series: str = "method",
+                  value: str = "measured_speedup", title: str = "",
+                  exclude: Iterable[str] = ("original",)) -> bool:
+  """A grouped bar chart of `value` per `group` (x) and `series` (bars) with a line at 1.0.
+
+  Returns False (nothing written) when matplotlib is not installed.
+  """
+  try:
+    import matplotlib  # pylint: disable=g-import-not-at-top
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  except ImportError:
+    return False
+  exclude = set(exclude)
+  groups = list(dict.fromkeys(str(r[group]) for r in rows))
+  names = list(dict.fromkeys(str(r[series]) for r in rows if r[series] not in exclude))
+  def number(v: Any) -> float:
+    try:
+      return float(v)
+    except (TypeError, ValueError):
+      return float("nan")
+
+  table = {(str(r[group]), str(r[series])): number(r.get(value)) for r in rows}
+  width = 0.8 / max(len(names), 1)
+  fig, ax = plt.subplots(figsize=(max(6.5, 0.45 * len(groups) * max(1, len(names)) + 3.0),
+                                  4.0))
+  x = np.arange(len(groups))
+  for i, name in enumerate(names):
+    ys = [table.get((g, name), np.nan) for g in groups]
+    ax.bar(x + (i - (len(names) - 1) / 2) * width, np.nan_to_num(ys, nan=0.0), width,
+           label=name)  # a failed method (nan) has no bar
+  values = [v for v in table.values() if np.isfinite(v)] or [1.0]
+  ax.set_ylim(min(0.9, min(values) - 0.05), max(1.1, max(values) + 0.05))
+  ax.axhline(1.0, color="k", lw=0.8, ls="--")
+  ax.set_xticks(x)
+  ax.set_xticklabels(groups, rotation=30, ha="right")
+  ax.set_ylabel(value.replace("_", " "))
+  ax.set_title(title or f"{value.replace('_', ' ')} per {group}")
+  ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.0, 1.0))
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+  return True
