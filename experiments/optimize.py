@@ -44,6 +44,8 @@ _MEASURE = flags.DEFINE_bool("measure", True, "Measure XLA latency of both graph
 _ROUNDS = flags.DEFINE_integer("latency_rounds", 10, "Interleaved timing rounds.")
 _REPEATS = flags.DEFINE_integer("repeats_per_round", 3, "Timed runs per graph per round.")
 _PICTURE = flags.DEFINE_bool("picture", True, "Draw graph.png.")
+_KEEP_SLOWER = flags.DEFINE_bool("keep_slower", False, "Keep the optimised graph even when XLA "
+                                 "measures it no faster than the input (default: keep the input).")
 
 
 def source_from_flags() -> str:
@@ -69,7 +71,8 @@ def main(argv: Sequence[str]) -> None:
         source, method=_METHOD.value, size=_SIZE.value, input_shapes=shapes or None,
         output_dir=_OUTPUT.value or None, budget=_BUDGET.value, seed=_SEED.value,
         capacity=_CAPACITY.value or None, rules=_RULES.value or None, measure=_MEASURE.value,
-        latency_rounds=_ROUNDS.value, repeats_per_round=_REPEATS.value, picture=_PICTURE.value)
+        latency_rounds=_ROUNDS.value, repeats_per_round=_REPEATS.value, picture=_PICTURE.value,
+        keep_slower=_KEEP_SLOWER.value)
   except opt.OptimizeError as e:  # bad input: one line, no usage text, no traceback
     raise SystemExit(f"error: {e}") from None
   except XrlflowError as e:

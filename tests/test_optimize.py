@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from absl import app, flags
 
-from xrlflow_jax import executor
+from xrlflow_jax import cost, executor
 from xrlflow_jax import graph as G
 from xrlflow_jax import optimize as opt
 from xrlflow_jax import visualize
@@ -39,7 +39,7 @@ def _have_matplotlib() -> bool:
 def zoo_report(tmp_path_factory):
   out = tmp_path_factory.mktemp("zoo") / "out"
   report = opt.optimize_model("squeezenet1_1", method="taso", size="tiny", budget=3,
-                              rules=RULES, output_dir=out, **FAST)
+                              rules=RULES, output_dir=out, keep_slower=True, **FAST)
   return report, out
 
 
@@ -48,7 +48,7 @@ def onnx_report(tmp_path_factory, shared_dir):
   path = shared_dir / "models" / "squeezenet1_1.onnx"
   out = tmp_path_factory.mktemp("onnx") / "out"
   report = opt.optimize_model(str(path), method="greedy", budget=2, rules=RULES,
-                              output_dir=out, **FAST)
+                              output_dir=out, keep_slower=True, **FAST)
   return report, out, path
 
 
@@ -90,6 +90,28 @@ def test_picture(zoo_report):
     pytest.skip("neither matplotlib nor graphviz is installed")
   png = out / "graph.png"
   assert png.is_file() and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def _stats(median_ms: float) -> cost.LatencyStats:
+  return cost.LatencyStats(median_ms, 0.9 * median_ms, 1.1 * median_ms, 10, 0.0, "cpu", "cpu")
+
+
+def test_measured_guard_keeps_the_input_unless_faster(zoo_report):
+  report, _ = zoo_report
+  loaded = opt.Loaded("squeezenet1_1", "zoo", report.input_graph, report.params)
+  found = opt.Found(report.graph, report.cost_after_ms, report.cost_before_ms,
+                    list(report.rewrites), "taso", {})
+  before = _stats(1.0)
+  kept, after = opt.measured_guard(loaded, found, before, _stats(0.9))
+  assert kept is found and after.median_ms == 0.9  # faster: the optimised graph stays
+  for slower in (1.0, 1.2):  # equal or slower: the input comes back, with no rewrites
+    kept, after = opt.measured_guard(loaded, found, before, _stats(slower))
+    assert kept.graph is report.input_graph and kept.rewrites == [] and after is before
+    assert kept.cost_ms == report.cost_before_ms
+    assert kept.details["measured_guard"]["rejected_latency_median_ms"] == slower
+  same = opt.Found(report.input_graph, report.cost_before_ms, report.cost_before_ms, [], "taso",
+                   {})
+  assert opt.measured_guard(loaded, same, before, _stats(1.5))[0] is same  # nothing rewritten
 
 
 def test_changed_nodes_are_local(zoo_report):

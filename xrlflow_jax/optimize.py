@@ -567,6 +567,12 @@ class OptimizeReport:
       noise = " (within the measurement spread)"
     returned = (": no rewrite lowered the modelled cost, the input is returned"
                 if self.details.get("returned_input") else "")
+    if "measured_guard" in self.details:
+      g = self.details["measured_guard"]
+      returned = (f": the {g['rejected_found_by']} graph ({g['rejected_rewrites']} rewrites, "
+                  f"modelled {g['rejected_cost_ms']:.4f} ms) measured "
+                  f"{g['rejected_latency_median_ms']:.4f} ms, not faster than the input: "
+                  "the input is returned")
     lines += [
         f"speedup: modelled x{self.modelled_speedup:.3f}, measured "
         + (f"x{meas:.3f}{device}{noise}" if meas is not None else "not measured"),
@@ -659,6 +665,29 @@ def default_output_dir(label: str, method: str) -> Path:
 # The job
 # ----------------------------------------------------------------------------------------------
 
+def measured_guard(loaded: Loaded, found: Found, before: cost.LatencyStats,
+                   after: cost.LatencyStats) -> tuple[Found, cost.LatencyStats]:
+  """Keeps the search's graph only if XLA measured it faster than the input.
+
+  Returns (found, after) unchanged when the optimised graph's median latency is below the
+  input's (or nothing was rewritten); otherwise the input itself (no rewrites, modelled cost of
+  the input) with the input's latency, and what was rejected in `details["measured_guard"]`.
+  """
+  changed = G.structural_hash(found.graph) != G.structural_hash(loaded.graph)
+  if not changed or after.median_ms < before.median_ms:
+    return found, after
+  details = dict(found.details)
+  details["returned_input"] = True
+  details["measured_guard"] = {
+      "rejected_found_by": found.found_by, "rejected_cost_ms": found.cost_ms,
+      "rejected_rewrites": None if found.rewrites is None else len(found.rewrites),
+      "rejected_latency_median_ms": after.median_ms, "rejected_latency_iqr_ms": after.iqr_ms,
+      "input_latency_median_ms": before.median_ms}
+  kept = Found(loaded.graph, found.initial_cost_ms, found.initial_cost_ms, [], found.found_by,
+               details)
+  return kept, before
+
+
 def optimize_model(source: str = DEFAULT_MODEL, *, method: str = "ppo", size: str = "tiny",
                    input_shapes: Mapping[str, Sequence[int]] | None = None,
                    output_dir: str | os.PathLike | None = None, budget: int | None = None,
@@ -668,6 +697,7 @@ def optimize_model(source: str = DEFAULT_MODEL, *, method: str = "ppo", size: st
                    latency_rounds: int = 10, repeats_per_round: int = 3,
                    tolerance: float = DEFAULT_TOLERANCE, picture: bool = True,
                    cost_coefficients: str | None = None, write: bool = True,
+                   keep_slower: bool = False,
                    log: Callable[[str], None] = print) -> OptimizeReport:
   """Optimises a model and writes the result with its evidence (see the module docstring).
 
@@ -687,6 +717,8 @@ def optimize_model(source: str = DEFAULT_MODEL, *, method: str = "ppo", size: st
     tolerance: bound on max |a - b| / (1 + |a|) of the outputs.
     picture: draw graph.png; cost_coefficients: a JSON file ("": the shipped fit).
     write: write the output files (False: only return the report).
+    keep_slower: keep the optimised graph even when XLA measured it no faster than the input
+      (default: the input is returned instead, see `measured_guard`).
   Raises:
     OptimizeError (bad input), OnnxImportError, NumericsError (nothing written), SearchError.
   """
@@ -731,6 +763,13 @@ def optimize_model(source: str = DEFAULT_MODEL, *, method: str = "ppo", size: st
     lat_before, lat_after = measure_pair(loaded.graph, best, loaded.params, rounds=latency_rounds,
                                          repeats_per_round=repeats_per_round, seed=seed)
     times["measure"] = time.perf_counter() - t
+    if not keep_slower:
+      found, lat_after = measured_guard(loaded, found, lat_before, lat_after)
+      if "measured_guard" in found.details:
+        rejected = found.details["measured_guard"]["rejected_latency_median_ms"]
+        log(f"measured: the optimised graph ({rejected:.4f} ms) is not faster than the input "
+            f"({lat_before.median_ms:.4f} ms): the input is kept")
+        best = loaded.graph
 
   report = OptimizeReport(
       source=str(source), label=loaded.label, kind=loaded.kind, method=method,
