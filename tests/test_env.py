@@ -133,13 +133,14 @@ def test_batch_of_random_episodes_preserves_semantics(env, pool, batch, steps):
 def test_truncation_keeps_discount_and_invalid_action_is_flagged(pool):
   rules = [r for r in builtin_rules() if r.name in ("add_commute", "mul_commute")]
   env = GraphRewriteEnv([pool[0][0]], RuleSet(rules, max_locations=8), _cost, horizon=2)
-  state, ts = env.reset(jax.random.PRNGKey(0))
+  step = jax.jit(env.step)  # one compile; eager op-by-op dispatch of the matcher is far slower
+  state, ts = jax.jit(env.reset)(jax.random.PRNGKey(0))
   masked = int(np.flatnonzero(~np.asarray(ts.observation.action_mask))[0])
-  state2, ts2 = env.step(state, masked)
+  state2, ts2 = step(state, masked)
   assert bool(ts2.extras["invalid_action"]) and float(ts2.reward) == 0.0
   assert G.structural_hash(state2.graph) == G.structural_hash(state.graph)
   valid = int(np.flatnonzero(np.asarray(ts2.observation.action_mask)[:-1])[0])
-  state3, ts3 = env.step(state2, valid)
+  state3, ts3 = step(state2, valid)
   assert int(ts3.step_type) == StepType.LAST and float(ts3.discount) == 1.0  # truncated
 
 
@@ -147,11 +148,12 @@ def test_auto_reset_and_logging(pool):
   rules = [r for r in builtin_rules() if r.name in ("add_commute",)]
   env = LoggingWrapper(AutoResetWrapper(GraphRewriteEnv(
       [pool[0][0]], RuleSet(rules, max_locations=8), _cost, horizon=3)))
-  state, ts = env.reset(jax.random.PRNGKey(0))
+  step = jax.jit(env.step)
+  state, ts = jax.jit(env.reset)(jax.random.PRNGKey(0))
   rng = np.random.default_rng(0)
   lengths = []
   for _ in range(7):
-    state, ts = env.step(state, _valid_action(np.asarray(ts.observation.action_mask), rng))
+    state, ts = step(state, _valid_action(np.asarray(ts.observation.action_mask), rng))
     if bool(ts.extras["episode_done"]):
       lengths.append(int(ts.extras["episode_length"]))
       assert int(ts.observation.step_count) == 0  # the next episode's first observation
@@ -174,10 +176,11 @@ def test_exact_candidate_delta_matches_applying(pool):
   delta = np.asarray(ts.observation.candidate_delta)
   mask = np.asarray(ts.observation.action_mask)[:-1].reshape(delta.shape)
   assert mask.any()
+  apply, cost_fn = jax.jit(ruleset.apply_action), jax.jit(_cost)
   for r, l in zip(*np.nonzero(mask)):
-    new, ok = ruleset.apply_action(state.graph, state.match, r * ruleset.max_locations + l)
+    new, ok = apply(state.graph, state.match, r * ruleset.max_locations + l)
     assert bool(ok)
-    np.testing.assert_allclose(delta[r, l], float(_cost(new) - state.cost), rtol=1e-4,
+    np.testing.assert_allclose(delta[r, l], float(cost_fn(new) - state.cost), rtol=1e-4,
                                atol=1e-6)
 
 
