@@ -73,16 +73,10 @@ def taso(graph: layout.Graph, params: ParamStore, expander: Expander, *, budget:
       if not c < alpha * best_cost:
         break
       r, loc = divmod(int(a), num_l)
-      nodes = nodes_all[r, loc]
-      g2, ok = expander.apply_at(g, r, nodes)
-      if not ok:
+      child = expander.new_child(g, r, loc, nodes_all[r, loc], seen)
+      if child is None:
         continue
-      h = graph_host.structural_hash(g2)
-      if h in seen:
-        continue
-      seen.add(h)
-      g2 = layout.to_host(g2)
-      child_steps = steps + (expander.step(r, loc, nodes),)
+      g2, child_steps = child[0], steps + (child[1],)
       if improves(c, best_cost):
         best_g, best_cost, best_steps = g2, c, child_steps
       heapq.heappush(queue, (c, next(tie), g2, child_steps))

@@ -61,15 +61,10 @@ def beam(graph: layout.Graph, params: ParamStore, expander: Expander, *, beam_wi
         break
       r, loc = divmod(a, num_l)
       _, parent, parent_steps = frontier[i]
-      nodes = expansions[i][r, loc]
-      g2, ok = expander.apply_at(parent, r, nodes)
-      if not ok:
+      made = expander.new_child(parent, r, loc, expansions[i][r, loc], seen)
+      if made is None:
         continue
-      h = graph_host.structural_hash(g2)
-      if h in seen:
-        continue
-      seen.add(h)
-      child = (c, layout.to_host(g2), parent_steps + (expander.step(r, loc, nodes),))
+      child = (c, made[0], parent_steps + (made[1],))
       nxt.append(child)
       if improves(c, best_cost):
         best_cost, best_g, best_steps = c, child[1], child[2]

@@ -164,6 +164,19 @@ class Expander:
     return RewriteStep(self.ruleset.names[rule], int(rule), int(location),
                        tuple(int(v) for v in np.asarray(nodes)))
 
+  def new_child(self, graph: layout.Graph, rule: int, location: int, nodes: Any,
+                seen: set) -> tuple[layout.Graph, RewriteStep] | None:
+    """(host graph, step) of rule `rule` at `location` (bound `nodes`) applied to `graph`, or
+    None when the edit is refused or the result's structural hash is in `seen` (it is added)."""
+    g2, ok = self.apply_at(graph, rule, nodes)
+    if not ok:
+      return None
+    h = graph_host.structural_hash(g2)
+    if h in seen:
+      return None
+    seen.add(h)
+    return layout.to_host(g2), self.step(rule, location, nodes)
+
   def apply_step(self, graph: layout.Graph, step: RewriteStep) -> layout.Graph:
     """Applies a recorded step; SearchError if it no longer applies."""
     if not 0 <= step.rule_index < len(self.ruleset) or \
