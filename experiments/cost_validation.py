@@ -39,6 +39,9 @@ _ROUNDS = flags.DEFINE_integer("rounds", 10, "Interleaved timing rounds.")
 _REPEATS = flags.DEFINE_integer("repeats", 3, "Least timed runs per graph per round.")
 _MIN_ROUND_MS = flags.DEFINE_float("min_round_ms", 30.0,
                                    "Timed runs per graph per round are raised to last this long.")
+_PASSES = flags.DEFINE_integer(
+    "passes", 2, "Independent measurement passes (2 or more report how reproducible the "
+    "measured ranking is: the ceiling for any cost model).")
 _SEED = flags.DEFINE_integer("seed", 0, "Seed of the rewrite sequences.")
 _COEFFS = flags.DEFINE_string("coeffs", None, "Coefficients JSON (default: the shipped ones).")
 _BACKEND = flags.DEFINE_string("backend", None, "JAX platform (default: JAX's default).")
@@ -72,10 +75,12 @@ def main(argv: list[str]) -> None:
                                   variants=_VARIANTS.value, neighbours=_NEIGHBOURS.value,
                                   max_steps=_MAX_STEPS.value, seed=_SEED.value,
                                   rounds=_ROUNDS.value, repeats_per_round=_REPEATS.value,
-                                  min_round_ms=_MIN_ROUND_MS.value, backend=_BACKEND.value,
+                                  min_round_ms=_MIN_ROUND_MS.value, passes=_PASSES.value,
+                                  backend=_BACKEND.value,
                                   exclude=exclude)
     results.append(res)
-    print(f"{name}: Spearman {res.spearman_all:.3f} (walks {res.spearman_walks:.3f}), sign "
+    print(f"{name}: Spearman {res.spearman_all:.3f} (walks {res.spearman_walks:.3f}; "
+          f"retest {res.retest_spearman:.3f}, ceiling {res.ceiling:.3f}), sign "
           f"accuracy {res.sign_accuracy:.2f} over {res.sign_pairs} pairs, spread "
           f"{res.latency_spread:.2f}x, control deviation {100 * res.control_dev:.1f}%, "
           f"{res.seconds:.0f}s", flush=True)

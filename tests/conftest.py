@@ -24,8 +24,21 @@ def pytest_configure(config):
   import tempfile  # pylint: disable=g-import-not-at-top
 
   import jax  # pylint: disable=g-import-not-at-top
-  cache = os.environ.setdefault("XRLFLOW_TEST_JAX_CACHE",
-                                tempfile.mkdtemp(prefix="xrlflow-jax-cache-"))
+  cache = os.environ.get("XRLFLOW_TEST_JAX_CACHE")
+  if cache is None:  # the controlling process makes it; xdist workers inherit the variable
+    cache = tempfile.mkdtemp(prefix="xrlflow-jax-cache-")
+    os.environ["XRLFLOW_TEST_JAX_CACHE"] = cache
+    config.stash[_OWNED_CACHE] = cache
   jax.config.update("jax_compilation_cache_dir", cache)
   jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
-  del config
+
+
+def pytest_unconfigure(config):
+  """Removes the compilation cache this run made (a run per CI job must not fill /tmp)."""
+  import shutil  # pylint: disable=g-import-not-at-top
+  cache = config.stash.get(_OWNED_CACHE, None)
+  if cache is not None:
+    shutil.rmtree(cache, ignore_errors=True)
+
+
+_OWNED_CACHE = pytest.StashKey[str]()

@@ -1,5 +1,6 @@
 """Tests of the cost package: the in-graph cost model, the profiler and its cache, fitting, the
-validation statistics, bad input and the CLI. Fast only (no rewrite-engine compile)."""
+validation statistics, bad input and the CLI. The rewrite engine is compiled only for three
+merge rules at a small capacity (seconds); the heavier rule tests are marked slow."""
 
 from __future__ import annotations
 
@@ -240,6 +241,34 @@ def test_spearman():
   assert np.isnan(V.spearman([1, 1, 1], [1, 2, 3]))
 
 
+def test_agreement_statistics():
+  kinds = ["control", "neighbour", "neighbour", "neighbour", "walk", "walk"]
+  # Two passes that agree on the order; the model ranks like the measurements.
+  ratios = np.array([[1.00, 1.20, 0.80, 1.0, 1.5, 0.6],
+                     [1.01, 1.22, 0.79, 1.0, 1.6, 0.62]])
+  costs = np.array([10.0, 12.0, 8.0, 10.0, 15.0, 6.0])
+  a = V.agreement(kinds, ratios, costs, 10.0)
+  assert a.spearman_all == pytest.approx(1.0) and a.retest_spearman == pytest.approx(1.0)
+  assert a.ceiling == pytest.approx(1.0)
+  assert a.sign_pairs == 2 and a.sign_correct == 2
+  assert a.tie_pairs == 1 and a.tie_quiet == 1  # the model's tie measured within noise
+  assert a.noise_threshold >= 0.02 and a.control_dev == pytest.approx(np.sqrt(1.01) - 1)
+  # A model that inverts the order gets -1 and every sign wrong; a change of 0.05% in cost
+  # is a tie (no prediction), so a real measured change there counts as wrong.
+  b = V.agreement(kinds, ratios, 20.0 - costs, 10.0)
+  assert b.spearman_all == pytest.approx(-1.0) and b.sign_correct == 0
+  c = V.agreement(kinds, ratios, np.array([10.0, 10.005, 8.0, 10.0, 15.0, 6.0]), 10.0)
+  assert c.sign_pairs == 2 and c.sign_correct == 1 and c.tie_pairs == 2
+  # Passes that disagree: the ceiling says no model can rank these.
+  noisy = np.array([[1.0, 1.01, 0.99, 1.02, 0.98, 1.0], [1.0, 0.99, 1.01, 0.98, 1.02, 1.0]])
+  d = V.agreement(kinds, noisy, costs, 10.0)
+  assert d.retest_spearman < 0 and d.retest_dev > 0.01
+  one = V.agreement(kinds, ratios[:1], costs, 10.0)
+  assert np.isnan(one.retest_spearman) and np.isnan(one.ceiling)
+  with pytest.raises(ValueError):
+    V.agreement(kinds, ratios[:, :3], costs, 10.0)
+
+
 def test_profiler_cache_second_run_measures_nothing(tmp_path, monkeypatch):
   calls = []
   real = latency.time_callable
@@ -348,3 +377,24 @@ def test_apply_everywhere_and_walks():
       np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
   g3, trail = walker.walk(graph, 3, np.random.default_rng(0))
   assert 1 <= len(trail) <= 3 and variants.fingerprint(g3) != variants.fingerprint(graph)
+
+
+def test_validate_model_two_passes_end_to_end():
+  # Three rules at capacity 32: the rewrite engine compiles in seconds.
+  from xrlflow_jax.cost import variants  # pylint: disable=g-import-not-at-top
+  from xrlflow_jax.rules.library import merge  # pylint: disable=g-import-not-at-top
+  walker = variants.RewriteWalker(
+      [merge.merge_matmul_shared_input(3), merge.merge_matmul_shared_input(2),
+       merge.split_matmul_shared_input()], max_locations=4)
+  graph = _qkv(False, 16, 64)
+  res = V.validate_model(graph, _qkv_params(16, 64), M.load_coefficients("cpu"), name="qkv",
+                         walker=walker, variants=3, neighbours=2, max_steps=2, rounds=2,
+                         min_round_ms=2.0, passes=2, log=None)
+  kinds = [i.kind for i in res.items]
+  assert kinds[0] == "control" and "neighbour" in kinds
+  assert all(i.ratio > 0 and i.cost_ms > 0 for i in res.items)
+  assert np.isfinite(res.retest_dev) and -1.0 <= res.retest_spearman <= 1.0
+  assert res.noise_threshold >= 0.02
+  text = V.markdown([res], "test machine")
+  assert "| qkv |" in text and "ceiling" in text
+  assert json.loads(json.dumps(res.to_json(), default=str))["model"] == "qkv"

@@ -4,8 +4,10 @@ For a model: random variants from random valid rewrite sequences, and one-step n
 original; each compiled and measured end to end, side by side with the original (interleaved
 rounds, so load drift hits every graph alike), and costed by the model. Reports the Spearman rank
 correlation of modelled cost against measured latency, how often the model gets the sign of the
-latency change between the original and a one-step neighbour right, and the measurement noise
-(a second, separately compiled copy of the original is measured as a control).
+latency change between the original and a one-step neighbour right, and the measurement noise:
+a second, separately compiled copy of the original is measured as a control, and the whole set
+is measured in two independent passes (each compiling every graph afresh), whose agreement with
+each other bounds what any cost model can reach against these measurements.
 """
 
 from __future__ import annotations
@@ -163,13 +165,19 @@ class ModelValidation:
     model: its name; nodes: alive nodes of the original.
     original_ms / original_cost_ms: measured and modelled latency of the original.
     items: every measured graph but the original.
-    spearman_all: rank correlation over the original and all distinct variants.
+    spearman_all: rank correlation of modelled cost against measured latency over the original
+      and all distinct variants.
     spearman_walks: the same over the original and the random-walk variants only.
+    retest_spearman: rank correlation of the two independent measurement passes against each
+      other (nan with one pass): how reproducible the measured ranking itself is.
+    ceiling: the Spearman-Brown reliability of the two passes averaged, 2r / (1 + r): roughly
+      the highest rank correlation any cost model can reach against these measurements.
+    retest_dev: median |ratio_A / ratio_B - 1| between the passes (typical measurement noise).
     sign_pairs / sign_correct: one-step neighbours whose measured change exceeds the noise
-      threshold, and how many of those the model gives the right sign (a predicted change of
-      zero counts as wrong).
-    tie_pairs / tie_quiet: neighbours the model says change nothing, and how many of those
-      measure within the noise threshold.
+      threshold, and how many of those the model gives the right sign (a predicted change
+      within `model_tie_tol` counts as no prediction, i.e. wrong).
+    tie_pairs / tie_quiet: neighbours the model says change nothing (within `model_tie_tol`),
+      and how many of those measure within the noise threshold.
     noise_threshold: relative change below which a measured difference counts as noise.
     control_dev: |1 - ratio| of the control copy of the original.
     seconds: wall time of the whole validation.
@@ -181,6 +189,9 @@ class ModelValidation:
   items: list[Item]
   spearman_all: float
   spearman_walks: float
+  retest_spearman: float
+  ceiling: float
+  retest_dev: float
   sign_pairs: int
   sign_correct: int
   tie_pairs: int
@@ -206,6 +217,73 @@ class ModelValidation:
     return d
 
 
+@dataclasses.dataclass(frozen=True)
+class Agreement:
+  """How modelled costs agree with measured ratios (see `agreement`); fields as in
+  `ModelValidation`."""
+  spearman_all: float
+  spearman_walks: float
+  retest_spearman: float
+  ceiling: float
+  retest_dev: float
+  sign_pairs: int
+  sign_correct: int
+  tie_pairs: int
+  tie_quiet: int
+  noise_threshold: float
+  control_dev: float
+
+
+def agreement(kinds: Sequence[str], ratios: np.ndarray, costs: np.ndarray, original_cost: float,
+              *, noise_floor: float = 0.02, model_tie_tol: float = 1e-3) -> Agreement:
+  """Rank and sign agreement between a cost model and measurements (host, pure).
+
+  Args:
+    kinds: str[n], "control", "walk" or "neighbour" per measured graph.
+    ratios: float[P, n]: each graph's measured latency over the original's, from P >= 1
+      independent passes (each pass compiled and timed separately).
+    costs: float[n]: modelled cost of each graph; original_cost: of the original.
+    noise_floor: the smallest relative change counted as real in the sign test; the threshold
+      is max(noise_floor, 2 x the control's deviation, 2 x the median pass-to-pass deviation).
+    model_tie_tol: modelled relative changes at most this are "the model predicts no change".
+  """
+  ratios = np.atleast_2d(np.asarray(ratios, np.float64))
+  costs = np.asarray(costs, np.float64)
+  kinds = list(kinds)
+  if ratios.shape[1] != len(kinds) or costs.shape != (len(kinds),):
+    raise ValueError(f"agreement: {len(kinds)} kinds, ratios {ratios.shape}, costs {costs.shape}")
+  ratio = np.exp(np.log(ratios).mean(axis=0))  # geometric mean over the passes
+  is_control = np.asarray([k == "control" for k in kinds])
+  control_dev = float(np.max(np.abs(1.0 - ratio[is_control]), initial=0.0))
+  others = ~is_control
+  walks = np.asarray([k == "walk" for k in kinds])
+  sp_all = spearman(np.r_[original_cost, costs[others]], np.r_[1.0, ratio[others]])
+  sp_walk = spearman(np.r_[original_cost, costs[walks]], np.r_[1.0, ratio[walks]])
+  if ratios.shape[0] >= 2:
+    retest = spearman(np.r_[1.0, ratios[0, others]], np.r_[1.0, ratios[1, others]])
+    ceiling = 2 * retest / (1 + retest) if retest > -1 else float("nan")
+    retest_dev = float(np.median(np.abs(ratios[0] / ratios[1] - 1.0)))
+  else:
+    retest = ceiling = retest_dev = float("nan")
+  threshold = max(noise_floor, 2.0 * control_dev,
+                  2.0 * retest_dev if np.isfinite(retest_dev) else 0.0)
+  sign_pairs = sign_correct = tie_pairs = tie_quiet = 0
+  scale = max(abs(original_cost), 1e-9)
+  for k, r, c in zip(kinds, ratio, costs):
+    if k != "neighbour":
+      continue
+    d_cost, d_lat = (c - original_cost) / scale, r - 1.0
+    tie = abs(d_cost) <= model_tie_tol
+    if tie:
+      tie_pairs += 1
+      tie_quiet += abs(d_lat) <= threshold
+    if abs(d_lat) > threshold:
+      sign_pairs += 1
+      sign_correct += (not tie) and (np.sign(d_cost) == np.sign(d_lat))
+  return Agreement(sp_all, sp_walk, float(retest), float(ceiling), retest_dev, sign_pairs,
+                   sign_correct, tie_pairs, tie_quiet, float(threshold), control_dev)
+
+
 def _costs(graphs: Sequence[layout.Graph], coeffs: cost_model.CostCoefficients) -> np.ndarray:
   fn = jax.jit(cost_model.graph_cost)
   return np.asarray([float(fn(g, coeffs)) for g in graphs], np.float64)
@@ -215,8 +293,8 @@ def validate_model(graph: layout.Graph, params: ParamStore, coeffs: cost_model.C
                    *, name: str = "model", walker: RewriteWalker | None = None,
                    variants: int = 30, neighbours: int = 15, max_steps: int = 8, seed: int = 0,
                    rounds: int = 10, repeats_per_round: int = 3, min_round_ms: float = 30.0,
-                   noise_floor: float = 0.02, backend: str | None = None,
-                   exclude: Collection[str] = (),
+                   passes: int = 2, noise_floor: float = 0.02, model_tie_tol: float = 1e-3,
+                   backend: str | None = None, exclude: Collection[str] = (),
                    log: Callable[[str], None] | None = print) -> ModelValidation:
   """Validates the cost model on random rewritten variants of one model.
 
@@ -227,8 +305,9 @@ def validate_model(graph: layout.Graph, params: ParamStore, coeffs: cost_model.C
     variants: distinct random-walk variants wanted (walk lengths uniform in 1..max_steps).
     neighbours: one-step neighbours of the original for the sign test.
     rounds, repeats_per_round, min_round_ms: interleaved timing (see `measure_side_by_side`).
-    noise_floor: the smallest relative change counted as real in the sign test; the threshold
-      used is max(noise_floor, 2 x the control copy's deviation).
+    passes: independent measurement passes (each compiles every graph afresh, in another
+      order); with 2 or more the result says how reproducible the measured ranking is.
+    noise_floor, model_tie_tol: see `agreement`.
     exclude: structural hashes of graphs not to use (e.g. those the coefficients were fitted
       on, so the validation is held out).
   """
@@ -262,38 +341,36 @@ def validate_model(graph: layout.Graph, params: ParamStore, coeffs: cost_model.C
   if log:
     log(f"{name}: {len(graphs) - 1} distinct variants ({n_walks} walks, "
         f"{kinds.count('neighbour')} neighbours) in {time.perf_counter() - t_start:.1f}s")
-  measured = measure_side_by_side(graph, graphs, params, rounds=rounds,
-                                  repeats_per_round=repeats_per_round, min_round_ms=min_round_ms,
-                                  backend=backend, seed=seed, log=log)
+  ratios, ref_ms, iqr = [], [], []
+  for p in range(max(1, passes)):
+    # Each pass compiles every graph afresh, in another order (so other batch neighbours).
+    order = np.random.default_rng(seed + 1000 * p).permutation(len(graphs)) if p else \
+        np.arange(len(graphs))
+    if log and passes > 1:
+      log(f"  pass {p + 1}/{passes}")
+    m = measure_side_by_side(graph, [graphs[i] for i in order], params, rounds=rounds,
+                             repeats_per_round=repeats_per_round, min_round_ms=min_round_ms,
+                             backend=backend, seed=seed + p, log=log)
+    r = np.empty(len(graphs))
+    r[order] = m.ratio
+    q = np.empty(len(graphs))
+    q[order] = [s.iqr_ms for s in m.stats]
+    ratios.append(r)
+    ref_ms.append(m.reference_ms)
+    iqr.append(q)
+  ratios_arr = np.stack(ratios)
+  reference_ms = float(np.exp(np.mean(np.log(ref_ms))))
   costs = _costs([graph] + graphs, coeffs)
   c0, cost = costs[0], costs[1:]
-  items = [Item(k, t, float(r), float(r * measured.reference_ms), s.iqr_ms, float(c))
-           for k, t, r, s, c in zip(kinds, trails, measured.ratio, measured.stats, cost)]
-  control = [i for i in items if i.kind == "control"][0]
-  control_dev = abs(1.0 - control.ratio)
-  threshold = max(noise_floor, 2.0 * control_dev)
-
-  others = [i for i in items if i.kind != "control"]
-  walks = [i for i in items if i.kind == "walk"]
-  sp_all = spearman([c0] + [i.cost_ms for i in others], [1.0] + [i.ratio for i in others])
-  sp_walk = spearman([c0] + [i.cost_ms for i in walks], [1.0] + [i.ratio for i in walks])
-  sign_pairs = sign_correct = tie_pairs = tie_quiet = 0
-  for i in items:
-    if i.kind != "neighbour":
-      continue
-    d_cost = i.cost_ms - c0
-    d_lat = i.ratio - 1.0
-    tie = abs(d_cost) <= 1e-6 * max(abs(c0), 1e-9)
-    if tie:
-      tie_pairs += 1
-      tie_quiet += abs(d_lat) <= threshold
-    if abs(d_lat) > threshold:
-      sign_pairs += 1
-      sign_correct += (not tie) and (np.sign(d_cost) == np.sign(d_lat))
+  agree = agreement(kinds, ratios_arr, cost, c0, noise_floor=noise_floor,
+                    model_tie_tol=model_tie_tol)
+  ratio = np.exp(np.log(ratios_arr).mean(axis=0))
+  items = [Item(k, t, float(r), float(r * reference_ms), float(q), float(c))
+           for k, t, r, q, c in zip(kinds, trails, ratio, np.median(np.stack(iqr), axis=0),
+                                    cost)]
   nodes = int(np.asarray(graph.nodes["alive"]).sum())
-  return ModelValidation(name, nodes, measured.reference_ms, float(c0), items, sp_all, sp_walk,
-                         sign_pairs, sign_correct, tie_pairs, tie_quiet, threshold, control_dev,
-                         time.perf_counter() - t_start)
+  return ModelValidation(name, nodes, reference_ms, float(c0), items,
+                         **dataclasses.asdict(agree), seconds=time.perf_counter() - t_start)
 
 
 def machine_description(backend: str | None = None) -> str:
@@ -307,14 +384,15 @@ def markdown(rows: Sequence[ModelValidation], machine: str) -> str:
   """The summary table of a validation run."""
   lines = [f"Cost model vs measured XLA latency ({machine})", "",
            "| model | nodes | graphs | measured ms | model ms | latency spread | Spearman (all) "
-           "| Spearman (walks) | sign acc. (pairs) | model ties quiet | noise thr. "
-           "| control dev. |",
-           "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+           "| Spearman (walks) | retest Spearman | ceiling | sign acc. (pairs) "
+           "| model ties quiet | noise thr. | control dev. |",
+           "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
   for r in rows:
     n = sum(i.kind != "control" for i in r.items) + 1
     lines.append(
         f"| {r.model} | {r.nodes} | {n} | {r.original_ms:.3f} | {r.original_cost_ms:.3f} | "
         f"{r.latency_spread:.2f}x | {r.spearman_all:.3f} | {r.spearman_walks:.3f} | "
-        f"{r.sign_accuracy:.2f} ({r.sign_pairs}) | {r.tie_quiet}/{r.tie_pairs} | "
+        f"{r.retest_spearman:.3f} | {r.ceiling:.3f} | {r.sign_accuracy:.2f} ({r.sign_pairs}) | "
+        f"{r.tie_quiet}/{r.tie_pairs} | "
         f"{100 * r.noise_threshold:.1f}% | {100 * r.control_dev:.1f}% |")
   return "\n".join(lines)
