@@ -3,7 +3,11 @@ r"""Validates the in-graph cost model against measured XLA latency on rewritten 
 For each model: random variants from random valid rewrite sequences of the built-in rules, and
 one-step neighbours of the original, all measured end to end side by side with the original and
 costed by the model; reports Spearman rank correlation and sign accuracy (see
-`xrlflow_jax.cost.validate`).
+`xrlflow_jax.cost.validate`). Every graph is measured in `--passes` independent passes (each
+compiles it afresh); the agreement of the passes with each other ("retest Spearman", and the
+Spearman-Brown "ceiling" of their average) says how far any cost model could rank these
+variants on this machine, since separately compiled copies of one graph differ by a few
+percent and most rewrites change latency by less.
 
     python -m experiments.cost_validation                          # a few minutes: two tiny models
     python -m experiments.cost_validation --models=all --size=tiny --out=/tmp/validation.json
@@ -84,13 +88,21 @@ def main(argv: list[str]) -> None:
           f"accuracy {res.sign_accuracy:.2f} over {res.sign_pairs} pairs, spread "
           f"{res.latency_spread:.2f}x, control deviation {100 * res.control_dev:.1f}%, "
           f"{res.seconds:.0f}s", flush=True)
+    if _OUT.value:  # after every model, so a long run that is stopped keeps what it measured
+      _write(_OUT.value, results, coeffs)
   print()
   print(validate.markdown(results, validate.machine_description(_BACKEND.value)))
   if _OUT.value:
-    Path(_OUT.value).write_text(json.dumps(
-        {"machine": validate.machine_description(_BACKEND.value), "coefficients": coeffs.to_json(),
-         "models": [r.to_json() for r in results]}, indent=1, default=str))
     print(f"wrote {_OUT.value}")
+
+
+def _write(path: str, results: list[validate.ModelValidation],
+           coeffs: cost_model.CostCoefficients) -> None:
+  machine = validate.machine_description(_BACKEND.value)
+  Path(path).write_text(json.dumps(
+      {"machine": machine, "coefficients": coeffs.to_json(),
+       "markdown": validate.markdown(results, machine),
+       "models": [r.to_json() for r in results]}, indent=1, default=str))
 
 
 if __name__ == "__main__":

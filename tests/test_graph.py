@@ -296,3 +296,18 @@ def test_executor_outputs_in_order_and_index_inputs_in_range():
   relu, raw = lowered(idv)
   np.testing.assert_allclose(raw, p[0][idv], rtol=1e-6)
   np.testing.assert_allclose(relu, np.maximum(p[0][idv], 0), rtol=1e-6)
+
+
+def test_executor_int64_inputs_run_as_int32_without_warning_and_refuse_overflow():
+  import warnings  # pylint: disable=g-import-not-at-top
+  b = G.GraphBuilder()
+  ids = b.input((3,), dtype="int64", name="ids")
+  b.output(b.gather(b.weight((5, 2)), ids))
+  g, p = b.build(8)
+  lowered = executor.lower(g, p, input_names=["ids"])
+  with warnings.catch_warnings():
+    warnings.simplefilter("error")  # JAX's "int64 ... truncated to int32" would fail here
+    (out,) = lowered(np.asarray([4, 0, 2], np.int64))
+  np.testing.assert_allclose(out, p[0][[4, 0, 2]], rtol=1e-6)
+  with pytest.raises(errors.ShapeError, match=r"input ids is int64 with values outside int32"):
+    lowered(np.asarray([2**40, 0, 1], np.int64))

@@ -87,7 +87,14 @@ class LoweredGraph:
       if shape != s.shape:
         raise ShapeError(f"input {s.name} has shape {list(shape)}, the graph expects "
                          f"{list(s.shape)}")
-      out.append(jnp.asarray(x, dtype=s.dtype))
+      dtype = jax.dtypes.canonicalize_dtype(s.dtype)  # int64 -> int32 unless x64 is enabled
+      if dtype != s.dtype and np.issubdtype(s.dtype, np.integer):
+        info = np.iinfo(dtype)
+        values = np.asarray(x)
+        if values.size and (values.min() < info.min or values.max() > info.max):
+          raise ShapeError(f"input {s.name} is {s.dtype} with values outside {dtype} "
+                           f"[{values.min()}, {values.max()}]; enable jax_enable_x64 to run it")
+      out.append(jnp.asarray(x, dtype=dtype))
     return out
 
   def __call__(self, *inputs: Any) -> tuple[jax.Array, ...]:
