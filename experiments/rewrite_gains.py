@@ -30,6 +30,9 @@ _SIZE = flags.DEFINE_enum("size", "tiny", list(models.SIZES), "Zoo model size.")
 _FAMILIES = flags.DEFINE_list("families", None, "Rule families (default: all).")
 _MAX_APPLY = flags.DEFINE_integer("max_apply", 200, "Most applications of one rule per model.")
 _ROUNDS = flags.DEFINE_integer("rounds", 10, "Interleaved timing rounds.")
+_PASSES = flags.DEFINE_integer(
+    "passes", 3, "Independent measurement passes (each compiles every graph afresh); the ratio "
+    "is their geometric mean and the table shows their range.")
 _REPEATS = flags.DEFINE_integer("repeats", 3, "Least timed runs per graph per round.")
 _MIN_ROUND_MS = flags.DEFINE_float("min_round_ms", 30.0,
                                    "Timed runs per graph per round are raised to last this long.")
@@ -57,7 +60,8 @@ def main(argv: list[str]) -> None:
     rows += gains.rewrite_gains(graph, params, model=name, walker=walkers[key], coeffs=coeffs,
                                 families=_FAMILIES.value, max_apply=_MAX_APPLY.value,
                                 rounds=_ROUNDS.value, repeats_per_round=_REPEATS.value,
-                                min_round_ms=_MIN_ROUND_MS.value, backend=_BACKEND.value)
+                                min_round_ms=_MIN_ROUND_MS.value, passes=_PASSES.value,
+                                backend=_BACKEND.value)
   print()
   print(gains.markdown(rows, validate.machine_description(_BACKEND.value)))
   if _OUT.value:

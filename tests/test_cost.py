@@ -379,16 +379,20 @@ def test_apply_everywhere_and_walks():
   assert 1 <= len(trail) <= 3 and variants.fingerprint(g3) != variants.fingerprint(graph)
 
 
-def test_validate_model_two_passes_end_to_end():
-  # Three rules at capacity 32: the rewrite engine compiles in seconds.
+@pytest.fixture(scope="module")
+def qkv_walker():
+  """Three merge rules at capacity 32: the rewrite engine compiles in seconds."""
   from xrlflow_jax.cost import variants  # pylint: disable=g-import-not-at-top
   from xrlflow_jax.rules.library import merge  # pylint: disable=g-import-not-at-top
-  walker = variants.RewriteWalker(
+  return variants.RewriteWalker(
       [merge.merge_matmul_shared_input(3), merge.merge_matmul_shared_input(2),
        merge.split_matmul_shared_input()], max_locations=4)
+
+
+def test_validate_model_two_passes_end_to_end(qkv_walker):
   graph = _qkv(False, 16, 64)
   res = V.validate_model(graph, _qkv_params(16, 64), M.load_coefficients("cpu"), name="qkv",
-                         walker=walker, variants=3, neighbours=2, max_steps=2, rounds=2,
+                         walker=qkv_walker, variants=3, neighbours=2, max_steps=2, rounds=2,
                          min_round_ms=2.0, passes=2, log=None)
   kinds = [i.kind for i in res.items]
   assert kinds[0] == "control" and "neighbour" in kinds
@@ -398,3 +402,21 @@ def test_validate_model_two_passes_end_to_end():
   text = V.markdown([res], "test machine")
   assert "| qkv |" in text and "ceiling" in text
   assert json.loads(json.dumps(res.to_json(), default=str))["model"] == "qkv"
+
+
+def test_rewrite_gains_passes(qkv_walker):
+  from xrlflow_jax.cost import gains  # pylint: disable=g-import-not-at-top
+  graph = _qkv(False, 16, 64)
+  rows = gains.rewrite_gains(graph, _qkv_params(16, 64), model="qkv", walker=qkv_walker,
+                             coeffs=M.load_coefficients("cpu"), rounds=2, min_round_ms=2.0,
+                             passes=2, log=None)
+  # Both merge rules fire on the three projections; the split rule has nothing to split.
+  assert sorted(r.rule for r in rows) == ["merge_matmul_shared_input_2",
+                                          "merge_matmul_shared_input_3"]
+  for r in rows:
+    assert len(r.pass_ratios) == 2 and r.pass_spread >= 1.0
+    assert r.ratio == pytest.approx(np.sqrt(r.pass_ratios[0] * r.pass_ratios[1]))
+    assert r.after_ms == pytest.approx(r.ratio * r.before_ms)
+    assert 0 < r.cost_ratio < 2
+  table = gains.markdown(rows, "test machine")
+  assert "passes (min-max)" in table and "(2) |" in table

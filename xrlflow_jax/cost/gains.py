@@ -4,8 +4,11 @@ For every model and every rule that fires on it, the rule is applied at each of 
 the original graph (one pass: a location that binds a node an earlier application created or
 changed is skipped, so self-inverse rules such as commuting an addition do not undo themselves
 and merges do not chain). The rewritten graphs are measured side by side with the original
-(interleaved rounds, the original in every batch) and the ratio after / before is reported with
-the cost model's prediction of the same ratio.
+(interleaved rounds, the original in every batch) in several independent passes (each compiles
+every graph afresh, in another order), and the geometric mean of the passes' ratios after /
+before is reported with the range over passes and the cost model's prediction of the same
+ratio. One pass is not enough on a small CPU: separately compiled copies of one graph differ by
+a few percent, and a single pass has shown a 9% "gain" that two more passes did not reproduce.
 """
 
 from __future__ import annotations
@@ -78,15 +81,22 @@ class GainRow:
   ratio: float
   iqr_rel: float
   cost_ratio: float
+  pass_ratios: tuple[float, ...] = ()
+
+  @property
+  def pass_spread(self) -> float:
+    """max/min of the passes' ratios (1.0 with one pass): how far one pass can be trusted."""
+    return max(self.pass_ratios) / min(self.pass_ratios) if self.pass_ratios else 1.0
 
 
 def rewrite_gains(graph: layout.Graph, params: ParamStore, *, model: str,
                   walker: RewriteWalker, coeffs: cost_model.CostCoefficients | None = None,
                   families: Sequence[str] | None = None, max_apply: int = 200,
                   rounds: int = 10, repeats_per_round: int = 3, min_round_ms: float = 30.0,
-                  backend: str | None = None,
+                  passes: int = 3, backend: str | None = None,
                   seed: int = 0, log: Callable[[str], None] | None = print) -> list[GainRow]:
-  """The gain of every rule (of `families`, default all) that fires on one model."""
+  """The gain of every rule (of `families`, default all) that fires on one model, measured in
+  `passes` independent passes (see the module docstring)."""
   mask, _ = walker.matches(graph)
   cost_fn = jax.jit(cost_model.graph_cost)
   c0 = float(cost_fn(graph, coeffs)) if coeffs is not None else math.nan
@@ -104,14 +114,28 @@ def rewrite_gains(graph: layout.Graph, params: ParamStore, *, model: str,
     log(f"{model}: {len(graphs)} rules fire")
   if not graphs:
     return []
-  measured = measure_side_by_side(graph, graphs, params, rounds=rounds,
-                                  repeats_per_round=repeats_per_round,
-                                  min_round_ms=min_round_ms, backend=backend, seed=seed, log=log)
+  ratios, refs, iqrs = [], [], []
+  for p in range(max(1, passes)):
+    order = (np.random.default_rng(seed + 1000 * p).permutation(len(graphs)) if p
+             else np.arange(len(graphs)))
+    m = measure_side_by_side(graph, [graphs[i] for i in order], params, rounds=rounds,
+                             repeats_per_round=repeats_per_round, min_round_ms=min_round_ms,
+                             backend=backend, seed=seed + p, log=log)
+    r, q = np.empty(len(graphs)), np.empty(len(graphs))
+    r[order] = m.ratio
+    q[order] = [s.iqr_ms / max(s.median_ms, 1e-12) for s in m.stats]
+    ratios.append(r)
+    refs.append(m.reference_ms)
+    iqrs.append(q)
+  ratio_arr = np.stack(ratios)  # [P, G]
+  ratio = np.exp(np.log(ratio_arr).mean(axis=0))
+  ref_ms = float(np.exp(np.mean(np.log(refs))))
+  iqr = np.median(np.stack(iqrs), axis=0)
   rows = []
-  for (family, name, count, cr), ratio, s in zip(rows_meta, measured.ratio, measured.stats):
-    rows.append(GainRow(family, name, model, count, measured.reference_ms,
-                        float(ratio * measured.reference_ms), float(ratio),
-                        s.iqr_ms / max(s.median_ms, 1e-12), float(cr)))
+  for i, (family, name, count, cr) in enumerate(rows_meta):
+    rows.append(GainRow(family, name, model, count, ref_ms, float(ratio[i] * ref_ms),
+                        float(ratio[i]), float(iqr[i]), float(cr),
+                        tuple(float(x) for x in ratio_arr[:, i])))
   return rows
 
 
@@ -120,10 +144,14 @@ def markdown(rows: Sequence[GainRow], machine: str) -> str:
   rows = sorted(rows, key=lambda r: (r.family, r.rule, r.model))
   lines = [f"Which rewrites pay under XLA ({machine}); ratio = after / before (< 1 is faster)",
            "", "| family | rule | model | applied | before ms | after ms | measured ratio | "
-           "IQR/median | model ratio |", "|---|---|---|---:|---:|---:|---:|---:|---:|"]
+           "passes (min-max) | IQR/median | model ratio |",
+           "|---|---|---|---:|---:|---:|---:|---:|---:|---:|"]
   for r in rows:
+    span = (f"{min(r.pass_ratios):.3f}-{max(r.pass_ratios):.3f} ({len(r.pass_ratios)})"
+            if r.pass_ratios else "-")
     lines.append(f"| {r.family} | {r.rule} | {r.model} | {r.applied} | {r.before_ms:.3f} | "
-                 f"{r.after_ms:.3f} | {r.ratio:.3f} | {r.iqr_rel:.3f} | {r.cost_ratio:.3f} |")
+                 f"{r.after_ms:.3f} | {r.ratio:.3f} | {span} | {r.iqr_rel:.3f} | "
+                 f"{r.cost_ratio:.3f} |")
   lines += ["", "| family | rule | models | geo-mean measured ratio | range | geo-mean model "
                 "ratio |", "|---|---|---:|---:|---:|---:|"]
   by_rule: dict[tuple[str, str], list[GainRow]] = {}
