@@ -274,6 +274,34 @@ def test_executor_folds_constant_subgraphs():
   np.testing.assert_allclose(lowered(xv)[0], expect, rtol=1e-5, atol=1e-6)
 
 
+def test_executor_shares_identical_folded_constants():
+  # An unrolled RNN after a merge rewrite: every step concatenates the same shared weights.
+  # One folded copy must serve all steps (a copy per step multiplies the memory read per call).
+  b = G.GraphBuilder()
+  h = b.input((1, 4))
+  w1, w2, w3 = b.weight((4, 4)), b.weight((4, 4)), b.weight((4, 4))
+  for _ in range(3):
+    both = b.matmul(h, b.concat([w1, w2], axis=1))
+    h = b.tanh(b.add(b.slice(both, 1, 0, 4), b.slice(both, 1, 4, 8)))
+  other = b.matmul(h, b.concat([w1, w3], axis=1))  # different inputs: its own constant
+  swapped = b.matmul(h, b.concat([w2, w1], axis=1))  # different order: its own constant
+  b.output(h, other, swapped)
+  g, p = b.build(64)
+  lowered = executor.lower(g, p)
+  assert sorted(c.shape for c in lowered.consts) == [(4, 8)] * 3
+  (hv,) = lowered.random_inputs()
+  ref = hv
+  for _ in range(3):
+    both = ref @ np.concatenate([p[0], p[1]], axis=1)
+    ref = np.tanh(both[:, :4] + both[:, 4:])
+  outs = lowered(hv)
+  np.testing.assert_allclose(outs[0], ref, rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(outs[1], ref @ np.concatenate([p[0], p[2]], axis=1), rtol=1e-5,
+                             atol=1e-6)
+  np.testing.assert_allclose(outs[2], ref @ np.concatenate([p[1], p[0]], axis=1), rtol=1e-5,
+                             atol=1e-6)
+
+
 def test_executor_input_errors():
   g, p = _mlp()
   lowered = executor.lower(g, p, input_names=["x"])

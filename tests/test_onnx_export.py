@@ -178,3 +178,22 @@ def test_unexportable_graph_is_a_clear_error(tmp_path: Path):
     onnx_io.save(graph, params, tmp_path / "bad.onnx")
   with pytest.raises(errors.OnnxExportError, match="opset"):
     onnx_io.to_model(graph, params, opset=13)
+
+
+def test_identical_folded_constants_export_once(tmp_path: Path):
+  # A merge rewrite on an unrolled RNN concatenates the same shared weights at every step;
+  # the file keeps one initializer per distinct value, and a constant output stays named.
+  b = GraphBuilder()
+  h = b.input((1, 4))
+  w1, w2 = b.weight((4, 4)), b.weight((4, 4))
+  for _ in range(3):
+    both = b.matmul(h, b.concat([w1, w2], axis=1))
+    h = b.tanh(b.add(b.slice(both, 1, 0, 4), b.slice(both, 1, 4, 8)))
+  b.output(h, b.concat([w1, w2], axis=1))
+  graph, params = b.build(64)
+  path = tmp_path / "rnn.onnx"
+  model = onnx_io.save(graph, params, path)
+  weights = [tuple(t.dims) for t in model.graph.initializer if len(t.dims) == 2]
+  assert weights == [(4, 8)], weights  # (Slice's starts/ends are 1-D initializers)
+  inputs, ours = _ours(graph, params)
+  _assert_close(ours, _ort_outputs(path, [], inputs))

@@ -185,6 +185,39 @@ def node_signature(g: layout.Graph, v: int) -> bytes:
           + np.asarray(nd["shape"][v][MAX_RANK - rank:], np.int32).tobytes())
 
 
+def constant_classes(graph: layout.Graph, order: Any = None) -> dict[int, int]:
+  """{constant node: its representative}: constant nodes that compute the same value share one.
+
+  Two Constant nodes are the same when they read the same parameter; two computed constant
+  nodes when they have the same op and attributes on the same (representative) inputs, e.g.
+  the concat of shared weights that a merge rewrite makes at every step of an unrolled RNN.
+  Lowering and export evaluate each representative once, so a rewritten graph never holds
+  (or reads at run time) several copies of one weight.
+
+  Args:
+    graph: a (host) graph; order: node ids in topological order (default: computed).
+  Returns:
+    A dict over the constant nodes of `order`; the representative is the first in `order`.
+  """
+  g = _host(graph)
+  nd = g.nodes
+  table = layout.input_table(g)
+  order = topological_order(g) if order is None else order
+  canon: dict[int, int] = {}
+  seen: dict[tuple[Any, ...], int] = {}
+  for v in order:
+    v = int(v)
+    if not nd["is_constant"][v]:
+      continue
+    if nd["op"][v] == int(Op.CONSTANT):
+      key: tuple[Any, ...] = ("param", int(nd["param_id"][v]))
+    else:
+      key = (int(nd["op"][v]), np.asarray(nd["attrs"][v]).tobytes(),
+             tuple(canon[int(u)] for u in table[v] if u >= 0))
+    canon[v] = seen.setdefault(key, v)
+  return canon
+
+
 def structural_hash(graph: layout.Graph) -> str:
   """A hex digest equal for graphs that differ only in slot placement (and dead-slot contents).
 

@@ -136,18 +136,27 @@ def to_model(graph: layout.Graph, params: ParamStore, *, opset: int = EXPORT_OPS
         base = node_names[v] if v < len(node_names) else ""
       names[v] = w.name(base or f"{ops.get(int(nd['op'][v])).name.lower()}_{v}")
 
-  # Weight pre-processing: constant nodes read at run time become initializers.
+  # Weight pre-processing: constant nodes read at run time become initializers, one per
+  # distinct value (`host.constant_classes`: a merge rewrite may recompute one concat of shared
+  # weights at every step of an unrolled RNN; the file keeps one copy).
+  canon = host.constant_classes(g, order)
   folded: dict[int, np.ndarray] = {}
-  boundary = {int(u) for v in order if not nd["is_constant"][v] for u in table[v] if u >= 0}
-  boundary |= {v for v in order if nd["is_output"][v]}
+  boundary = {canon.get(int(u), int(u)) for v in order if not nd["is_constant"][v]
+              for u in table[v] if u >= 0}
   for v in order:
     if not nd["is_constant"][v]:
+      continue
+    if canon[v] != v:
+      if nd["is_output"][v]:  # an output keeps its own name: an Identity of the shared value
+        w.nodes.append(helper.make_node("Identity", [names[canon[v]]], [names[v]]))
+        boundary.add(canon[v])
       continue
     if nd["op"][v] == int(Op.CONSTANT):
       folded[v] = np.asarray(params[int(nd["param_id"][v])])
     else:
-      folded[v] = _fold_value(g, v, [folded[int(u)] for u in table[v] if u >= 0])
-    if v in boundary:
+      folded[v] = _fold_value(g, v, [folded[canon[int(u)]] for u in table[v] if u >= 0])
+  for v in order:
+    if v in folded and (v in boundary or nd["is_output"][v]):
       w.initializers.append(numpy_helper.from_array(folded[v], names[v]))
   # Interior folded values are no longer needed once their consumers are folded.
   inputs_vi, outputs_vi = [], []
@@ -162,7 +171,7 @@ def to_model(graph: layout.Graph, params: ParamStore, *, opset: int = EXPORT_OPS
                          helper.make_tensor_value_info(names[v], elem, shape)))
     if nd["is_constant"][v] or nd["op"][v] == int(Op.INPUT):
       continue
-    _emit(w, g, v, [names[int(u)] for u in table[v] if u >= 0],
+    _emit(w, g, v, [names[canon.get(int(u), int(u))] for u in table[v] if u >= 0],
           [int(u) for u in table[v] if u >= 0], names[v])
 
   graph_proto = helper.make_graph(
