@@ -76,7 +76,10 @@ def test_node_costs_shape_and_zeros():
   assert costs.shape == (CAP,) and costs.dtype == np.float32
   assert (costs[n_alive:] == 0).all()  # dead slots
   assert costs[idx["x"]] == 0 and costs[idx["w1"]] == 0  # Input and Constant
-  assert graph.nodes["is_constant"][idx["concat"]] and costs[idx["concat"]] == 0
+  # A folded weight read at run time costs only its bytes once (const.mb), nothing else.
+  assert graph.nodes["is_constant"][idx["concat"]]
+  concat_mb = 8 * 32 * 4 / 1e6
+  assert costs[idx["concat"]] == pytest.approx(0.01 * concat_mb, rel=1e-5)
   assert costs[idx["h"] + 1] == 0  # the unreachable tanh
   assert costs[idx["h"]] > 0 and costs[idx["y"]] > 0
   total = float(_graph_cost(graph, _coeffs()))
@@ -420,3 +423,53 @@ def test_rewrite_gains_passes(qkv_walker):
     assert 0 < r.cost_ratio < 2
   table = gains.markdown(rows, "test machine")
   assert "passes (min-max)" in table and "(2) |" in table
+
+
+def test_const_mb_counts_each_distinct_folded_weight_once():
+  # Three unrolled steps share w1, w2 (4x4 f32 = 64 bytes each); after a merge every step
+  # concatenates them again (one distinct 4x8 value); a different pairing is another value.
+  def rnn(merged: bool, extra: bool = False):
+    b = G.GraphBuilder(seed=0)
+    h = b.input((1, 4))
+    w1, w2, w3 = b.weight((4, 4)), b.weight((4, 4)), b.weight((4, 4))
+    for _ in range(3):
+      if merged:
+        both = b.matmul(h, b.concat([w1, w2], axis=1))
+        a, c = b.slice(both, 1, 0, 4), b.slice(both, 1, 4, 8)
+      else:
+        a, c = b.matmul(h, w1), b.matmul(h, w2)
+      h = b.tanh(b.add(a, c))
+    if extra:
+      h = b.matmul(h, b.concat([w1, w3], axis=1))
+    b.output(h)
+    return b.build(CAP)[0]
+
+  def const_mb(graph):
+    return float(_feature(graph, "const.mb").sum())
+
+  assert const_mb(rnn(False)) == pytest.approx(2 * 64 / 1e6)
+  assert const_mb(rnn(True)) == pytest.approx(128 / 1e6)  # the concat once; w1, w2 unread
+  assert const_mb(rnn(True, extra=True)) == pytest.approx(256 / 1e6)
+  # Jittable, per node: the bytes sit on one representative slot per distinct value.
+  per_node = _feature(rnn(True), "const.mb")
+  assert (per_node > 0).sum() == 1
+
+
+def test_calibrate_feature_recovers_one_weight_and_keeps_the_rest():
+  rng = np.random.default_rng(0)
+  truth = _coeffs(weights=np.full([M.NUM_FEATURES], 0.02, np.float32))
+  j = list(M.FEATURE_NAMES).index("const.mb")
+  w = np.asarray(truth.weights, np.float64).copy()
+  w[j] = 0.3
+  base = rng.uniform(0.0, 2.0, [12, M.NUM_FEATURES])
+  variant = base + rng.uniform(-0.5, 0.5, [12, M.NUM_FEATURES])
+  cost = lambda f: float(truth.call_ms) + f @ w
+  ratio = np.array([cost(v) / cost(b) for b, v in zip(base, variant)])
+  pairs = fit_lib.Pairs(base, variant, ratio, np.array([cost(b) for b in base]))
+  start = _coeffs(weights=np.where(np.arange(M.NUM_FEATURES) == j, 0.0, 0.02))
+  fitted, info = fit_lib.calibrate_feature(start, "const.mb", pairs)
+  got = np.asarray(fitted.weights)
+  assert got[j] == pytest.approx(0.3, rel=1e-4) and info["rms_after"] < 1e-6 < info["rms_before"]
+  np.testing.assert_allclose(np.delete(got, j), 0.02, rtol=1e-6)
+  with pytest.raises(M.CostModelError, match="unknown feature"):
+    fit_lib.calibrate_feature(start, "no.such", pairs)

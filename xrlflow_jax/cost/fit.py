@@ -186,6 +186,43 @@ def fit_coefficients(features: np.ndarray, times_ms: np.ndarray, *, device_kind:
                            active, tuple(tied))
 
 
+def calibrate_feature(coeffs: CostCoefficients, name: str,
+                      pairs: Pairs) -> tuple[CostCoefficients, dict[str, float]]:
+  """Fits one coefficient to side-by-side ratios, every other coefficient held fixed.
+
+  For a new feature that only whole graphs exercise (such as `const.mb`), without disturbing
+  a fit already validated: each pair gives the residual
+  (cost(variant) - ratio * cost(base)) / base_ms, linear in the one weight; the non-negative
+  least-squares weight is closed-form.
+
+  Args:
+    coeffs: the fixed coefficients; name: the feature to fit (in FEATURE_NAMES).
+    pairs: side-by-side measurements (features of base and variant, measured ratio, base ms).
+  Returns:
+    (coefficients with that weight replaced, {"weight", "rms_before", "rms_after", "pairs"}).
+  """
+  names = list(cost_model.FEATURE_NAMES)
+  if name not in names:
+    raise CostModelError(f"calibrate_feature: unknown feature {name!r}; features: {names}")
+  j = names.index(name)
+  w = np.asarray(coeffs.weights, np.float64).copy()
+  w[j] = 0.0
+  c = float(coeffs.call_ms)
+  r = np.asarray(pairs.ratio, np.float64)
+  scale = np.asarray(pairs.base_ms, np.float64)
+  fixed = ((c + np.asarray(pairs.variant, np.float64) @ w)
+           - r * (c + np.asarray(pairs.base, np.float64) @ w)) / scale
+  slope = (np.asarray(pairs.variant, np.float64)[:, j]
+           - r * np.asarray(pairs.base, np.float64)[:, j]) / scale
+  denom = float(slope @ slope)
+  x = max(0.0, -float(fixed @ slope) / denom) if denom > 0 else 0.0
+  w[j] = x
+  out = dataclasses.replace(coeffs, weights=jax.numpy.asarray(w, jax.numpy.float32))
+  rms = lambda v: float(np.sqrt(np.mean(v * v))) if v.size else float("nan")
+  return out, {"weight": x, "rms_before": rms(fixed + slope * float(coeffs.weights[j])),
+               "rms_after": rms(fixed + slope * x), "pairs": int(r.size)}
+
+
 def profile_rows(entries: dict[str, dict[str, Any]], *, epilogue_fusion: bool = False,
                  keys: Sequence[str] | None = None
                  ) -> tuple[np.ndarray, np.ndarray, list[profiler_lib.OpSignature]]:

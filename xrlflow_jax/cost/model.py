@@ -12,8 +12,8 @@ where `call_ms` is the fixed cost of one call of a compiled executable. Because 
 linear in the coefficients, one least-squares fit serves single-op profiles and whole graphs.
 
 Fusion model (what XLA does with the graph, checked against compiled HLO on CPU):
-  * Input and Constant nodes, dead slots, nodes from which no output is reachable, and constant
-    nodes (`is_constant`: evaluated once at lowering) cost nothing.
+  * Input nodes, dead slots and nodes from which no output is reachable cost nothing; constant
+    nodes (`is_constant`: evaluated once at lowering) cost only `const.mb` (below).
   * Reshape, Squeeze and Unsqueeze are bitcasts: no kernel and no traffic; fusion decisions look
     through them (`_BITCAST_DEPTH` levels).
   * MatMul, Conv2D, Softmax, LayerNorm, pools and reductions are kernels of their own: one
@@ -37,6 +37,12 @@ Fusion model (what XLA does with the graph, checked against compiled HLO on CPU)
     into one wide MatMul measured ~10% slower on the 2-core CPU, not faster. The sibling
     coefficients can only be fitted from whole graphs (profiles time ops alone); `fit` uses
     side-by-side ratios of rewritten variants for that.
+  * `const.mb`: the bytes of every distinct folded constant read by the computation, counted
+    once per graph (not per use): constant nodes with the same op and attributes on the same
+    constant inputs are one value (as `host.constant_classes` makes them at lowering; here a
+    two-lane 32-bit hash of constant sub-trees up to `_CONST_HASH_DEPTH` deep). Measured on
+    NasRNN, whose 10 unrolled steps share 16 MB of weights: each merge that adds a new folded
+    weight (up to 3 MB) costs 2-3%, which per-use byte counts do not see.
 """
 
 from __future__ import annotations
@@ -62,13 +68,19 @@ PER_CLASS = ("launch", "gflop", "mb")
 # tensor): XLA:CPU runs independent kernels concurrently, so siblings overlap and a group of
 # them runs faster than one merged kernel of the same size (measured on the 2-core CPU).
 SIBLING = ("matmul.gflop_sibling", "conv.gflop_sibling")
+# Megabytes of distinct folded constants (weights) the graph reads per call, attributed to one
+# representative node of each distinct value: a call must bring each distinct weight into
+# cache at least once, so a rewrite that adds a new folded weight (the concat of a merge, an
+# enlarged kernel) costs that traffic even though the weight is "free" to compute.
+CONST = ("const.mb",)
 FEATURE_NAMES = (tuple(f"{c}.{p}" for c in CLASSES for p in PER_CLASS) + ("transpose.mb",)
-                 + SIBLING)
+                 + SIBLING + CONST)
 NUM_FEATURES = len(FEATURE_NAMES)
 
 _MATMUL, _CONV, _GCONV, _NORM, _REDUCE, _LOOP = range(len(CLASSES))
 _SOURCE, _BITCAST = len(CLASSES), len(CLASSES) + 1  # cost nothing
 _BITCAST_DEPTH = 4
+_CONST_HASH_DEPTH = 6
 _ACT_FLOPS = np.zeros([len(Activation)], np.float32)
 _ACT_FLOPS[[Activation.RELU, Activation.SIGMOID, Activation.TANH, Activation.GELU]] = [1, 4, 4, 8]
 
@@ -219,7 +231,7 @@ def node_features(graph: layout.Graph, epilogue_fusion: bool = False) -> jax.Arr
   """float32[N, F]: the cost features of every node slot (see the module docstring).
 
   Pure and jittable; vmap it over a batch of graphs of one capacity. Rows of dead slots,
-  unreachable nodes, sources and constant nodes are zero.
+  unreachable nodes and sources are zero; constant nodes have only `const.mb`.
   """
   nd = graph.nodes
   n = nd["op"].shape[-1]
@@ -315,7 +327,50 @@ def node_features(graph: layout.Graph, epilogue_fusion: bool = False) -> jax.Arr
   cols.append(transpose_mb)
   cols.append(jnp.where(sibling & (cls == _MATMUL), gflop, 0.0))
   cols.append(jnp.where(sibling & (cls == _CONV), gflop, 0.0))
+  cols.append(_distinct_constant_mb(graph, table, live, out_mb))
   return jnp.stack(cols, axis=-1).astype(jnp.float32)
+
+
+def _mix(h: jax.Array, x: jax.Array, prime: int) -> jax.Array:
+  """One round of a 32-bit multiplicative hash (uint32 arithmetic wraps)."""
+  return (h ^ x.astype(jnp.uint32)) * jnp.uint32(prime) + jnp.uint32(0x9E3779B9)
+
+
+def _distinct_constant_mb(graph: layout.Graph, table: jax.Array, live: jax.Array,
+                          out_mb: jax.Array) -> jax.Array:
+  """float32[N]: MB of each distinct folded constant read by a live computed node, on the
+  first slot of its value class (0 elsewhere). See `CONST`."""
+  nd = graph.nodes
+  n, k = table.shape
+  valid = table >= 0
+  safe = jnp.maximum(table, 0)
+  is_const = nd["alive"] & nd["is_constant"]
+  computed = live & ~nd["is_constant"] & (nd["op"] != Op.INPUT)
+  read = valid & computed[:, None] & is_const[safe]  # [N, K] edge: a constant read at run time
+  boundary = jax.ops.segment_max(read.reshape(-1).astype(jnp.int32), safe.reshape(-1),
+                                 num_segments=n) > 0
+  # Two hash lanes of (op, attributes, parameter id), then of the inputs' hashes, iterated so a
+  # constant sub-tree of depth d is exact after d rounds.
+  lanes = []
+  for prime in (0x01000193, 0x5BD1E995):
+    base = _mix(jnp.full([n], 0x811C9DC5, jnp.uint32), nd["op"], prime)
+    base = _mix(base, jnp.where(nd["op"] == Op.CONSTANT, nd["param_id"], -1), prime)
+    for a in range(nd["attrs"].shape[-1]):
+      base = _mix(base, nd["attrs"][:, a], prime)
+    h = base
+    for _ in range(_CONST_HASH_DEPTH):
+      new = base
+      for j in range(k):
+        new = _mix(new, jnp.where(valid[:, j], h[safe[:, j]], jnp.uint32(7)), prime)
+      h = new
+    lanes.append(h)
+  h1, h2 = lanes
+  order = jnp.lexsort((jnp.arange(n), h2, h1, (~boundary).astype(jnp.int32)))
+  s1, s2, sb = h1[order], h2[order], boundary[order]
+  differs = (s1 != jnp.roll(s1, 1)) | (s2 != jnp.roll(s2, 1))
+  first = sb & differs.at[0].set(True)
+  first_of_class = jnp.zeros([n], bool).at[order].set(first)
+  return jnp.where(first_of_class, out_mb, 0.0)
 
 
 def _flops_all(graph: layout.Graph) -> jax.Array:
@@ -339,8 +394,10 @@ def _flops_all(graph: layout.Graph) -> jax.Array:
 # ----------------------------------------------------------------------------------------------
 
 def node_costs(graph: layout.Graph, coeffs: CostCoefficients) -> jax.Array:
-  """float32[N]: the modelled cost in ms of every node slot (0 for dead, constant, source and
-  unreachable nodes, and for bitcasts). Pure; jit and vmap it (no retrace within a capacity)."""
+  """float32[N]: the modelled cost in ms of every node slot (0 for dead, source and unreachable
+  nodes and for bitcasts; a constant node costs only the once-per-call read of its value when
+  it is the representative of a distinct folded weight). Pure; jit and vmap it (no retrace
+  within a capacity)."""
   feats = node_features(graph, coeffs.epilogue_fusion)
   return feats @ jnp.asarray(coeffs.weights, jnp.float32)
 
