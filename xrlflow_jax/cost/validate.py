@@ -158,13 +158,10 @@ class Item:
 
 
 @dataclasses.dataclass(frozen=True)
-class ModelValidation:
-  """The validation of one model (see `validate_model`).
+class Agreement:
+  """How modelled costs agree with measured ratios (see `agreement`).
 
   Attributes:
-    model: its name; nodes: alive nodes of the original.
-    original_ms / original_cost_ms: measured and modelled latency of the original.
-    items: every measured graph but the original.
     spearman_all: rank correlation of modelled cost against measured latency over the original
       and all distinct variants.
     spearman_walks: the same over the original and the random-walk variants only.
@@ -180,13 +177,7 @@ class ModelValidation:
       and how many of those measure within the noise threshold.
     noise_threshold: relative change below which a measured difference counts as noise.
     control_dev: |1 - ratio| of the control copy of the original.
-    seconds: wall time of the whole validation.
   """
-  model: str
-  nodes: int
-  original_ms: float
-  original_cost_ms: float
-  items: list[Item]
   spearman_all: float
   spearman_walks: float
   retest_spearman: float
@@ -198,11 +189,28 @@ class ModelValidation:
   tie_quiet: int
   noise_threshold: float
   control_dev: float
-  seconds: float
 
   @property
   def sign_accuracy(self) -> float:
     return self.sign_correct / self.sign_pairs if self.sign_pairs else float("nan")
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelValidation(Agreement):
+  """The validation of one model (see `validate_model`): its `Agreement` statistics, plus
+
+  Attributes:
+    model: its name; nodes: alive nodes of the original.
+    original_ms / original_cost_ms: measured and modelled latency of the original.
+    items: every measured graph but the original.
+    seconds: wall time of the whole validation.
+  """
+  model: str
+  nodes: int
+  original_ms: float
+  original_cost_ms: float
+  items: list[Item]
+  seconds: float
 
   @property
   def latency_spread(self) -> float:
@@ -215,23 +223,6 @@ class ModelValidation:
     d["sign_accuracy"] = self.sign_accuracy
     d["latency_spread"] = self.latency_spread
     return d
-
-
-@dataclasses.dataclass(frozen=True)
-class Agreement:
-  """How modelled costs agree with measured ratios (see `agreement`); fields as in
-  `ModelValidation`."""
-  spearman_all: float
-  spearman_walks: float
-  retest_spearman: float
-  ceiling: float
-  retest_dev: float
-  sign_pairs: int
-  sign_correct: int
-  tie_pairs: int
-  tie_quiet: int
-  noise_threshold: float
-  control_dev: float
 
 
 def agreement(kinds: Sequence[str], ratios: np.ndarray, costs: np.ndarray, original_cost: float,
@@ -369,8 +360,9 @@ def validate_model(graph: layout.Graph, params: ParamStore, coeffs: cost_model.C
            for k, t, r, q, c in zip(kinds, trails, ratio, np.median(np.stack(iqr), axis=0),
                                     cost)]
   nodes = int(np.asarray(graph.nodes["alive"]).sum())
-  return ModelValidation(name, nodes, reference_ms, float(c0), items,
-                         **dataclasses.asdict(agree), seconds=time.perf_counter() - t_start)
+  return ModelValidation(**dataclasses.asdict(agree), model=name, nodes=nodes,
+                         original_ms=reference_ms, original_cost_ms=float(c0), items=items,
+                         seconds=time.perf_counter() - t_start)
 
 
 def machine_description(backend: str | None = None) -> str:
