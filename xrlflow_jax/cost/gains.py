@@ -21,7 +21,7 @@ import jax
 import numpy as np
 
 from xrlflow_jax.cost import model as cost_model
-from xrlflow_jax.cost.validate import measure_side_by_side
+from xrlflow_jax.cost.validate import measure_passes
 from xrlflow_jax.cost.variants import RewriteWalker
 from xrlflow_jax.graph import ParamStore, layout
 
@@ -114,28 +114,17 @@ def rewrite_gains(graph: layout.Graph, params: ParamStore, *, model: str,
     log(f"{model}: {len(graphs)} rules fire")
   if not graphs:
     return []
-  ratios, refs, iqrs = [], [], []
-  for p in range(max(1, passes)):
-    order = (np.random.default_rng(seed + 1000 * p).permutation(len(graphs)) if p
-             else np.arange(len(graphs)))
-    m = measure_side_by_side(graph, [graphs[i] for i in order], params, rounds=rounds,
-                             repeats_per_round=repeats_per_round, min_round_ms=min_round_ms,
-                             backend=backend, seed=seed + p, log=log)
-    r, q = np.empty(len(graphs)), np.empty(len(graphs))
-    r[order] = m.ratio
-    q[order] = [s.iqr_ms / max(s.median_ms, 1e-12) for s in m.stats]
-    ratios.append(r)
-    refs.append(m.reference_ms)
-    iqrs.append(q)
-  ratio_arr = np.stack(ratios)  # [P, G]
-  ratio = np.exp(np.log(ratio_arr).mean(axis=0))
-  ref_ms = float(np.exp(np.mean(np.log(refs))))
-  iqr = np.median(np.stack(iqrs), axis=0)
+  measured = measure_passes(graph, graphs, params, passes=passes, seed=seed, rounds=rounds,
+                            repeats_per_round=repeats_per_round, min_round_ms=min_round_ms,
+                            backend=backend, log=log)
+  ratio, ref_ms = measured.mean_ratio, measured.reference_ms
+  iqr = np.median([[s.iqr_ms / max(s.median_ms, 1e-12) for s in st] for st in measured.stats],
+                  axis=0)
   rows = []
   for i, (family, name, count, cr) in enumerate(rows_meta):
     rows.append(GainRow(family, name, model, count, ref_ms, float(ratio[i] * ref_ms),
                         float(ratio[i]), float(iqr[i]), float(cr),
-                        tuple(float(x) for x in ratio_arr[:, i])))
+                        tuple(float(x) for x in measured.ratio[:, i])))
   return rows
 
 

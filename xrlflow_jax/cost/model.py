@@ -332,9 +332,9 @@ def node_features(graph: layout.Graph, epilogue_fusion: bool = False) -> jax.Arr
   return jnp.stack(cols, axis=-1).astype(jnp.float32)
 
 
-def _mix(h: jax.Array, x: jax.Array, prime: int) -> jax.Array:
-  """One round of a 32-bit multiplicative hash (uint32 arithmetic wraps)."""
-  return (h ^ x.astype(jnp.uint32)) * jnp.uint32(prime) + jnp.uint32(0x9E3779B9)
+def _mix(h: jax.Array, x: jax.Array) -> jax.Array:
+  """One round of a 32-bit multiplicative (FNV-style) hash; uint32 arithmetic wraps."""
+  return (h ^ x.astype(jnp.uint32)) * jnp.uint32(0x01000193) + jnp.uint32(0x9E3779B9)
 
 
 def _distinct_constant_mb(graph: layout.Graph, table: jax.Array, live: jax.Array,
@@ -354,16 +354,15 @@ def _distinct_constant_mb(graph: layout.Graph, table: jax.Array, live: jax.Array
   # constant sub-tree of depth d is exact after d rounds. A collision between two distinct
   # weights (probability ~ pairs / 2^32, below 1e-5 for BERT-base's ~200 weights) would count
   # them once; one lane keeps the batched cost model cheap.
-  prime = 0x01000193
-  base = _mix(jnp.full([n], 0x811C9DC5, jnp.uint32), nd["op"], prime)
-  base = _mix(base, jnp.where(nd["op"] == Op.CONSTANT, nd["param_id"], -1), prime)
+  base = _mix(jnp.full([n], 0x811C9DC5, jnp.uint32), nd["op"])
+  base = _mix(base, jnp.where(nd["op"] == Op.CONSTANT, nd["param_id"], -1))
   for a in range(nd["attrs"].shape[-1]):
-    base = _mix(base, nd["attrs"][:, a], prime)
+    base = _mix(base, nd["attrs"][:, a])
   h = base
   for _ in range(_CONST_HASH_DEPTH):
     new = base
     for j in range(k):
-      new = _mix(new, jnp.where(valid[:, j], h[safe[:, j]], jnp.uint32(7)), prime)
+      new = _mix(new, jnp.where(valid[:, j], h[safe[:, j]], jnp.uint32(7)))
     h = new
   # One stable sort, non-boundary slots last; the first of each run of equal hashes counts.
   key = jnp.where(boundary, h >> 1, jnp.uint32(0xFFFFFFFF))

@@ -138,6 +138,54 @@ def measure_side_by_side(reference: layout.Graph, graphs: Sequence[layout.Graph]
   return SideBySide([s for s in stats if s is not None], ratio, ref_ms)
 
 
+@dataclasses.dataclass(frozen=True)
+class Passes:
+  """Side-by-side measurements repeated in independent passes (see `measure_passes`).
+
+  Attributes:
+    ratio: float64[P, n]: each graph's median over the reference's, per pass.
+    stats: P lists of n LatencyStats, in the graphs' order.
+    reference_ms: geometric mean over the passes of the reference's median.
+  """
+  ratio: np.ndarray
+  stats: list[list[latency.LatencyStats]]
+  reference_ms: float
+
+  @property
+  def mean_ratio(self) -> np.ndarray:
+    """float64[n]: the geometric mean of the passes' ratios."""
+    return np.exp(np.log(self.ratio).mean(axis=0))
+
+
+def measure_passes(reference: layout.Graph, graphs: Sequence[layout.Graph], params: ParamStore,
+                   *, passes: int = 2, seed: int = 0, **side_by_side: Any) -> Passes:
+  """`measure_side_by_side` repeated `passes` times, each compiling every graph afresh in
+  another order (so other batch neighbours and another compile order): separately compiled
+  copies of one graph differ by a few percent on a small CPU, which one pass cannot show.
+
+  Args:
+    side_by_side: rounds, repeats_per_round, min_round_ms, backend, log, ... (passed on).
+  """
+  n = len(graphs)
+  ratios, stats, refs = [], [], []
+  for p in range(max(1, passes)):
+    order = np.random.default_rng(seed + 1000 * p).permutation(n) if p else np.arange(n)
+    log = side_by_side.get("log")
+    if log and passes > 1:
+      log(f"  pass {p + 1}/{passes}")
+    m = measure_side_by_side(reference, [graphs[i] for i in order], params, seed=seed + p,
+                             **side_by_side)
+    r = np.empty(n)
+    r[order] = m.ratio
+    st: list[Any] = [None] * n
+    for i, s in zip(order, m.stats):
+      st[int(i)] = s
+    ratios.append(r)
+    stats.append(st)
+    refs.append(m.reference_ms)
+  return Passes(np.stack(ratios), stats, float(np.exp(np.mean(np.log(refs)))))
+
+
 # ----------------------------------------------------------------------------------------------
 # Validation of one model
 # ----------------------------------------------------------------------------------------------
@@ -332,36 +380,20 @@ def validate_model(graph: layout.Graph, params: ParamStore, coeffs: cost_model.C
   if log:
     log(f"{name}: {len(graphs) - 1} distinct variants ({n_walks} walks, "
         f"{kinds.count('neighbour')} neighbours) in {time.perf_counter() - t_start:.1f}s")
-  ratios, ref_ms, iqr = [], [], []
-  for p in range(max(1, passes)):
-    # Each pass compiles every graph afresh, in another order (so other batch neighbours).
-    order = np.random.default_rng(seed + 1000 * p).permutation(len(graphs)) if p else \
-        np.arange(len(graphs))
-    if log and passes > 1:
-      log(f"  pass {p + 1}/{passes}")
-    m = measure_side_by_side(graph, [graphs[i] for i in order], params, rounds=rounds,
-                             repeats_per_round=repeats_per_round, min_round_ms=min_round_ms,
-                             backend=backend, seed=seed + p, log=log)
-    r = np.empty(len(graphs))
-    r[order] = m.ratio
-    q = np.empty(len(graphs))
-    q[order] = [s.iqr_ms for s in m.stats]
-    ratios.append(r)
-    ref_ms.append(m.reference_ms)
-    iqr.append(q)
-  ratios_arr = np.stack(ratios)
-  reference_ms = float(np.exp(np.mean(np.log(ref_ms))))
+  measured = measure_passes(graph, graphs, params, passes=passes, seed=seed, rounds=rounds,
+                            repeats_per_round=repeats_per_round, min_round_ms=min_round_ms,
+                            backend=backend, log=log)
   costs = _costs([graph] + graphs, coeffs)
   c0, cost = costs[0], costs[1:]
-  agree = agreement(kinds, ratios_arr, cost, c0, noise_floor=noise_floor,
+  agree = agreement(kinds, measured.ratio, cost, c0, noise_floor=noise_floor,
                     model_tie_tol=model_tie_tol)
-  ratio = np.exp(np.log(ratios_arr).mean(axis=0))
-  items = [Item(k, t, float(r), float(r * reference_ms), float(q), float(c))
-           for k, t, r, q, c in zip(kinds, trails, ratio, np.median(np.stack(iqr), axis=0),
-                                    cost)]
+  iqr = np.median([[s.iqr_ms for s in st] for st in measured.stats], axis=0)
+  items = [Item(k, t, float(r), float(r * measured.reference_ms), float(q), float(c))
+           for k, t, r, q, c in zip(kinds, trails, measured.mean_ratio, iqr, cost)]
   nodes = int(np.asarray(graph.nodes["alive"]).sum())
   return ModelValidation(**dataclasses.asdict(agree), model=name, nodes=nodes,
-                         original_ms=reference_ms, original_cost_ms=float(c0), items=items,
+                         original_ms=measured.reference_ms, original_cost_ms=float(c0),
+                         items=items,
                          seconds=time.perf_counter() - t_start)
 
 
