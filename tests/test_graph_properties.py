@@ -8,8 +8,8 @@ marks a few tensors as outputs, then appends dead nodes. For each graph:
   - the executor's outputs have the stored output shapes and dtypes;
   - every alive node's stored shape equals `infer_shape_jit`'s, computed in one jitted, vmapped
     call over all slots with input shapes gathered through the edge table;
-  - the structural hash is invariant under a random permutation of slots and under `compact`,
-    and changes when a node changes;
+  - the structural hash, and the identity hash the search de-duplicates with, are invariant
+    under a random permutation of slots and under `compact`, and change when a node changes;
   - `remove_dead_code` frees exactly the nodes no output depends on (graph inputs kept), gives
     the graph built without the dead nodes (same hash), and leaves the outputs unchanged.
 """
@@ -25,7 +25,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from xrlflow_jax import GraphBuilder, executor, ops
-from xrlflow_jax.graph import Tensor, host, layout, transforms
+from xrlflow_jax.graph import Tensor, host, identity, layout, transforms
 
 CAPACITY = 64
 MAX_NUMEL = 256
@@ -286,6 +286,15 @@ def random_graphs(draw: Callable[..., Any]) -> dict[str, Any]:
 
 # ------------------------------------------------------------------ helpers under test use
 
+@jax.jit
+def _identity_hash_jit(graph: layout.Graph) -> jax.Array:
+  return identity.graph_hash(graph, identity.identities(graph))
+
+
+def _identity_hash(graph: layout.Graph) -> int:
+  return identity.as_int(np.asarray(_identity_hash_jit(graph)))
+
+
 def permute_slots(graph: layout.Graph, new_to_old: np.ndarray) -> layout.Graph:
   """The same graph with node `new_to_old[s]` moved to slot `s` (edges renumbered)."""
   g = layout.to_host(graph)
@@ -391,6 +400,12 @@ def test_random_graph_invariants(sample: dict[str, Any]):
   v = int(alive[-1])
   changed.nodes["dtype"][v] = (changed.nodes["dtype"][v] + 1) % len(ops.DType)
   assert host.structural_hash(changed) != digest
+
+  # The identity hash (search de-duplication) agrees: blind to slots, sees the changed node.
+  id_digest = _identity_hash(dirty)
+  assert _identity_hash(permuted) == id_digest
+  assert _identity_hash(compacted) == id_digest
+  assert _identity_hash(changed) != id_digest
 
   # Dead-code removal keeps exactly what the outputs need and changes no output.
   pruned = layout.to_host(_remove_dead_code(dirty))

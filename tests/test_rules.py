@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from xrlflow_jax import executor, models
+from xrlflow_jax import cost, executor, models
 from xrlflow_jax import graph as G
 from xrlflow_jax.rules import RuleSet
 from xrlflow_jax.rules.library import builtin_rules
@@ -163,6 +163,15 @@ def zoo_apply(zoo_ruleset):
 TINY = ["bert", "resnet18", "squeezenet1_1", "inception_v3", "nasrnn"]
 
 
+@pytest.fixture(scope="module")
+def zoo_costs():
+  """(full, pruned) jitted graph costs: the pruned form skips the reachability loop."""
+  coeffs = cost.load_coefficients()
+  full = jax.jit(lambda g: cost.graph_cost(g, coeffs))
+  pruned = jax.jit(lambda g: cost.graph_cost(g, coeffs, pruned=True))
+  return full, pruned
+
+
 def test_ruleset_vmap_matches_per_graph_and_traces_once():
   # A representative subset keeps the compile short; the zoo tests below use every rule.
   subset = RuleSet([BY_NAME[n] for n in (
@@ -188,8 +197,12 @@ def test_ruleset_vmap_matches_per_graph_and_traces_once():
     np.testing.assert_array_equal(out.found[i], single.found)
 
 
-@pytest.mark.parametrize("name", TINY)
-def test_random_rewrite_sequence_keeps_outputs(name, zoo_ruleset, zoo_match, zoo_apply):
+@pytest.mark.parametrize("name", models.list_models())
+def test_random_rewrite_sequence_keeps_outputs(name, zoo_ruleset, zoo_match, zoo_apply,
+                                               zoo_costs):
+  """Fifty random valid rewrites of every zoo model: outputs unchanged, and after every rewrite
+  the cost model's pruned form (used on every candidate the search costs) equals the full one."""
+  full_cost, pruned_cost = zoo_costs
   graph, params = models.build(name, "tiny", capacity=256)
   lowered = executor.lower(graph, params)
   inputs = lowered.random_inputs(0)
@@ -205,6 +218,7 @@ def test_random_rewrite_sequence_keeps_outputs(name, zoo_ruleset, zoo_match, zoo
     graph, ok = zoo_apply(graph, m, int(rng.choice(flat)))
     assert bool(ok), f"step {step}: a masked action was refused"
     applied += 1
+    assert float(pruned_cost(graph)) == pytest.approx(float(full_cost(graph)), rel=1e-6), step
     if step % 10 == 9 or step == steps - 1:
       G.validate(graph, params)
   G.validate(graph, params)

@@ -107,6 +107,97 @@ def test_costs_equal_applying_each_candidate(toy, ruleset, expander):
   assert G.structural_hash(g_apply) == G.structural_hash(g_at)
 
 
+def test_bucket_sizes():
+  a = 5248
+  assert [search.bucket_size(c, a) for c in (0, 1, 16, 17, 32, 33, 5000, 6000)] == \
+      [16, 16, 16, 32, 32, 64, a, a]
+  assert search.bucket_size(3, 8) == 8  # never more slots than actions
+
+
+def test_bucketed_expansion_equals_each_candidate_alone_on_a_zoo_model():
+  """More candidates than the smallest bucket (so the bucket boundary is crossed): every valid
+  (rule, location) is built and costed, and equals applying it alone and costing the result
+  with the full (unpruned) cost model; the built child is the graph `apply_at` makes."""
+  from xrlflow_jax import models  # pylint: disable=g-import-not-at-top
+  graph, _ = models.build("squeezenet1_1", "tiny", capacity=128)
+  names = ("relu_after_concat", "conv_bias_relu_unfuse", "enlarge_conv_kernel_bias_sib_bias",
+           "merge_conv_shared_input_bias")
+  rs = RuleSet([r for r in builtin_rules() if r.name in names], max_locations=16)
+  coeffs = cost.load_coefficients()
+  ex = search.Expander(rs, coeffs)
+  exp, children = ex.expand(graph)
+  mask = np.asarray(ex.match(graph)[0]).reshape(-1)
+  assert mask.sum() > search.expand.MIN_BUCKET  # the bucket is the next size up
+  np.testing.assert_array_equal(np.sort(children.actions), np.flatnonzero(mask))
+  valid, costs = np.asarray(exp.valid), np.asarray(exp.cost)
+  assert valid.sum() == children.ok.sum() and np.isinf(costs[~valid]).all()
+  full_cost = jax.jit(lambda g: cost.graph_cost(g, coeffs))
+  for i, a in enumerate(children.actions):
+    r, loc = divmod(int(a), rs.max_locations)
+    alone, ok = ex.apply_at(graph, r, exp.nodes[r, loc])
+    assert ok == bool(children.ok[i]) == bool(valid[a])
+    if ok:
+      assert costs[a] == pytest.approx(float(full_cost(alone)), rel=1e-6)
+      assert G.structural_hash(children.graph(i)) == G.structural_hash(alone)
+
+
+def test_identity_hash_sees_commuted_graphs_as_one():
+  """Commuting an Add twice gives the input's hash back; two independent rewrites give one
+  hash in either order; distinct graphs get distinct hashes (the known limit is below)."""
+  b = GraphBuilder()
+  x, y = b.input([4, 8]), b.input([4, 8])
+  b.output(b.add(b.relu(b.add(x, y)), b.add(y, x)))
+  graph, _ = b.build(capacity=24)
+  rs = RuleSet([r for r in builtin_rules() if r.name == "add_commute"], max_locations=4)
+  ex = search.Expander(rs, COEFFS)
+  ids0 = ex.identities(graph)
+  h0 = ex.graph_hash(graph, ids0)
+  exp, kids = ex.expand(graph, ids0)
+  assert len(kids.actions) == 3 and kids.ok.all()
+  assert len(set(kids.hashes) | {h0}) == 4  # three different one-step graphs
+  # Commute the same Add back: the input graph again.
+  s0 = G.structural_hash(graph)
+  _, grand = ex.expand(kids.graph(0), kids.ids[0])
+  back = [i for i in range(len(grand.actions)) if G.structural_hash(grand.graph(i)) == s0]
+  assert len(back) == 1 and grand.hashes[back[0]] == h0
+  # Two Adds commuted in either order: one graph. Where neither Add reads the other, one hash.
+  # Where the second reads the first (%4 feeds %5), the identity of the Add re-created second
+  # depends on the order (identities name nodes by creation, as TASO's op cache does): two
+  # hashes, so the search expands that graph twice. Distinct graphs never share a hash.
+  by_structure: dict[str, set[int]] = {}
+  for i in range(len(kids.actions)):
+    _, g2 = ex.expand(kids.graph(i), kids.ids[i])
+    for j in range(len(g2.actions)):
+      by_structure.setdefault(G.structural_hash(g2.graph(j)), set()).add(g2.hashes[j])
+  assert len(by_structure) == 4  # the input and the three graphs with two Adds commuted
+  assert sorted(len(h) for h in by_structure.values()) == [1, 1, 1, 2]
+  all_hashes = [h for hs in by_structure.values() for h in hs]
+  assert len(set(all_hashes)) == len(all_hashes)
+
+
+def test_rules_that_can_fire_closure():
+  from xrlflow_jax.ops import Op  # pylint: disable=g-import-not-at-top
+  from xrlflow_jax.rules import graph_op_codes, rules_that_can_fire  # pylint: disable=g-import-not-at-top
+  rules = builtin_rules()
+  graph, _ = toy_graph()
+  codes = graph_op_codes([graph])
+  assert codes == {int(Op.INPUT), int(Op.CONSTANT), int(Op.MATMUL), int(Op.CONCAT),
+                   int(Op.ADD)}
+  kept = {r.name for r in rules_that_can_fire(rules, codes)}
+  assert {"merge_matmul_shared_input_2", "add_commute"} <= kept
+  # No Slice in the graph, but the merge makes Slices: the rule that cancels them is kept.
+  assert "concat_of_slices" in kept
+  assert not any("conv" in name for name in kept)
+  for r in rules:  # every kept rule's source ops occur or are made by a kept rule
+    if r.name in kept:
+      made = codes | {int(d.op) for k in rules if k.name in kept for d in k.dst}
+      assert all(int(s.op) in made for s in r.src)
+  pruned = search.default_ruleset(graph)
+  assert pruned.names == [r.name for r in rules if r.name in kept]
+  assert search.default_ruleset(graph) is pruned and not search.is_default(pruned)
+  assert search.is_default(search.default_ruleset())
+
+
 # ----------------------------------------------------------------------------------------------
 # Drivers
 # ----------------------------------------------------------------------------------------------

@@ -290,11 +290,14 @@ def run_search(loaded: Loaded, method: str, coeffs: cost.CostCoefficients, *, se
                options: Mapping[str, Any] | None = None) -> Found:
   """A baseline search ("greedy", "taso", "beam", "random") on the cost model."""
   search = _search_module()
-  ruleset = _ruleset(rules, max_locations) if rules else search.default_ruleset()
+  ruleset = _ruleset(rules, max_locations) if rules else search.default_ruleset(loaded.graph)
   result = search.optimize(loaded.graph, loaded.params, method, ruleset, coeffs, measure=False,
                            seed=seed, **dict(options or {}))
   found = _found_from_result(result, method)
-  found.details.update(_ruleset_details(ruleset, default=not rules))
+  found.details.update(_ruleset_details(ruleset, default=search.is_default(ruleset)))
+  if not rules:
+    found.details["rules_kept"] = f"{len(ruleset)} of {len(search.default_ruleset())} built-in " \
+                                  "rules can fire on this graph"
   return found
 
 

@@ -228,11 +228,19 @@ def load_coefficients(device_kind: str | None = None,
 # Features (jittable)
 # ----------------------------------------------------------------------------------------------
 
-def node_features(graph: layout.Graph, epilogue_fusion: bool = False) -> jax.Array:
+def node_features(graph: layout.Graph, epilogue_fusion: bool = False, *,
+                  pruned: bool = False) -> jax.Array:
   """float32[N, F]: the cost features of every node slot (see the module docstring).
 
   Pure and jittable; vmap it over a batch of graphs of one capacity. Rows of dead slots,
   unreachable nodes and sources are zero; constant nodes have only `const.mb`.
+
+  Args:
+    pruned: the caller guarantees that every alive node other than a graph input or output has
+      an alive consumer (what `rules.edit.apply_edit` leaves behind: its cascade frees every
+      unread node). Then every alive node reaches an output, so liveness is `alive` and the
+      backward-reachability loop (a depth-long `while_loop`, most of the model's time) is
+      skipped. Exact under that guarantee; `tests/test_cost.py` checks it on rewritten graphs.
   """
   nd = graph.nodes
   n = nd["op"].shape[-1]
@@ -245,7 +253,7 @@ def node_features(graph: layout.Graph, epilogue_fusion: bool = False) -> jax.Arr
 
   cls = jnp.asarray(OP_CLASS)[op]
   cls = jnp.where((cls == _CONV) & (attrs[:, _CONV_GROUPS] > 1), _GCONV, cls)
-  live = transforms.live_nodes(graph)
+  live = nd["alive"] if pruned else transforms.live_nodes(graph)
   active = live & ~nd["is_constant"] & (cls != _SOURCE)
   is_bitcast = active & (cls == _BITCAST)
   is_loop = active & (cls == _LOOP)
@@ -393,18 +401,22 @@ def _flops_all(graph: layout.Graph) -> jax.Array:
 # Costs (jittable)
 # ----------------------------------------------------------------------------------------------
 
-def node_costs(graph: layout.Graph, coeffs: CostCoefficients) -> jax.Array:
+def node_costs(graph: layout.Graph, coeffs: CostCoefficients, *,
+               pruned: bool = False) -> jax.Array:
   """float32[N]: the modelled cost in ms of every node slot (0 for dead, source and unreachable
   nodes and for bitcasts; a constant node costs only the once-per-call read of its value when
   it is the representative of a distinct folded weight). Pure; jit and vmap it (no retrace
-  within a capacity)."""
-  feats = node_features(graph, coeffs.epilogue_fusion)
+  within a capacity). `pruned`: see `node_features`."""
+  feats = node_features(graph, coeffs.epilogue_fusion, pruned=pruned)
   return feats @ jnp.asarray(coeffs.weights, jnp.float32)
 
 
-def graph_cost(graph: layout.Graph, coeffs: CostCoefficients) -> jax.Array:
-  """float32[]: modelled latency in ms, `call_ms + sum(node_costs)`. Pure and jittable."""
-  return jnp.asarray(coeffs.call_ms, jnp.float32) + jnp.sum(node_costs(graph, coeffs))
+def graph_cost(graph: layout.Graph, coeffs: CostCoefficients, *,
+               pruned: bool = False) -> jax.Array:
+  """float32[]: modelled latency in ms, `call_ms + sum(node_costs)`. Pure and jittable.
+  `pruned`: see `node_features`."""
+  return jnp.asarray(coeffs.call_ms, jnp.float32) + jnp.sum(node_costs(graph, coeffs,
+                                                                      pruned=pruned))
 
 
 def graph_features(graph: layout.Graph, epilogue_fusion: bool = False) -> jax.Array:

@@ -4,9 +4,10 @@ harness every rule passes (`rules.verify.verify_rule`)."""
 from xrlflow_jax.rules.compile import CompiledRule, Features, MatchResult, node_depth
 from xrlflow_jax.rules.edit import Edit, apply_edit
 from xrlflow_jax.rules.pattern import MatchView, Ref, Rule, RuleBuilder
-from xrlflow_jax.rules.ruleset import RuleSet, RuleSetMatch
+from xrlflow_jax.rules.ruleset import (RuleSet, RuleSetMatch, graph_op_codes,
+                                       rules_that_can_fire)
 from xrlflow_jax.rules.taso import RuleImportError, TasoImport, load_taso
 
 __all__ = ["CompiledRule", "Edit", "Features", "MatchResult", "MatchView", "Ref", "Rule",
            "RuleBuilder", "RuleImportError", "RuleSet", "RuleSetMatch", "TasoImport",
-           "apply_edit", "load_taso", "node_depth"]
+           "apply_edit", "graph_op_codes", "load_taso", "node_depth", "rules_that_can_fire"]

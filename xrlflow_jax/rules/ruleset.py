@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
+from typing import Iterable, Sequence
 
 import chex
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from xrlflow_jax.graph import layout
 from xrlflow_jax.rules import edit as edit_lib
@@ -123,6 +124,36 @@ class RuleSet:
     r = action // self.max_locations
     loc = action % self.max_locations
     return self.apply(graph, r, match.nodes[r, loc], match.mask[r, loc])
+
+
+def rules_that_can_fire(rules: Sequence[Rule], op_codes: Iterable[int]) -> list[Rule]:
+  """The rules (in their order) whose source ops can all occur in a graph holding `op_codes`,
+  counting the ops that kept rules create (a closure to a fixed point): a rule that merges
+  Concats is kept for a graph without one when another kept rule makes a Concat.
+
+  Only op codes are considered (not attributes or shapes), so every rule that can ever match a
+  graph reachable from one with these ops by these rules is kept.
+  """
+  present = {int(o) for o in op_codes}
+  kept: set[int] = set()
+  changed = True
+  while changed:
+    changed = False
+    for i, r in enumerate(rules):
+      if i not in kept and all(int(s.op) in present for s in r.src):
+        kept.add(i)
+        present |= {int(d.op) for d in r.dst}
+        changed = True
+  return [r for i, r in enumerate(rules) if i in kept]
+
+
+def graph_op_codes(graphs: Iterable[layout.Graph]) -> set[int]:
+  """The op codes of the alive nodes of some (host or device, unbatched or batched) graphs."""
+  codes: set[int] = set()
+  for g in graphs:
+    op, alive = np.asarray(g.nodes["op"]), np.asarray(g.nodes["alive"], bool)
+    codes |= {int(x) for x in np.unique(op[alive])}
+  return codes
 
 
 @dataclasses.dataclass(frozen=True)

@@ -4,8 +4,8 @@ Final API (stable; the pipeline in `xrlflow_jax/optimize.py` and the experiments
 
   optimize(graph, params, method="taso", ruleset=None, coeffs=None, *, expander=None,
            measure=False, seed=0, measure_options=None, **options) -> SearchResult
-      method in METHODS = ("greedy", "taso", "beam", "random", "policy"); ruleset None: every
-      built-in rule (64 locations); coeffs None: `cost.load_coefficients()`. Options per method:
+      method in METHODS = ("greedy", "taso", "beam", "random", "policy"); ruleset None: the
+      built-in rules that can fire on the graph (64 locations, `default_ruleset(graph)`); coeffs None: `cost.load_coefficients()`. Options per method:
         greedy:  max_steps=100
         taso:    budget=200, alpha=1.05, max_children=None, max_queue=10_000
         beam:    beam_width=8, steps=20
@@ -21,9 +21,11 @@ Final API (stable; the pipeline in `xrlflow_jax/optimize.py` and the experiments
   random_search(graph, params, expander, *, num_rollouts, steps, seed, ...) -> SearchResult
   policy(graph, params, expander, *, agent, network_params, env, steps, num_samples, ...)
 
-  Expander(ruleset, coeffs): jitted, compiled once per (ruleset, capacity):
+  Expander(ruleset, coeffs): jitted, compiled once per (ruleset, capacity, bucket size):
     costs(graph) -> Expansion(valid bool[A], cost float32[A], nodes int32[R, L, P]),
       A = R * L, action = rule * L + location
+    expand(graph, ids=None) -> (Expansion, Children: the candidate graphs, their node
+      identities and identity hashes); identities(graph) -> uint32[N, 2]
     apply(graph, action) -> graph;  apply_at(graph, rule, nodes) -> (graph, applied)
     cost(graph) -> float32[]
   replay(graph, ruleset, rewrites) -> graph      (re-applies a SearchResult's rewrites)
@@ -44,7 +46,9 @@ modelled cost is lower.
 """
 
 from xrlflow_jax.search.result import METHODS, RewriteStep, SearchError, SearchResult
-from xrlflow_jax.search.expand import Expander, Expansion, check_graph, replay
+from xrlflow_jax.search import expand
+from xrlflow_jax.search.expand import (Children, Expander, Expansion, bucket_size, check_graph,
+                                      replay)
 from xrlflow_jax.search.guard import finish, measure_pair
 from xrlflow_jax.search.greedy import greedy
 from xrlflow_jax.search.backtracking import taso
@@ -52,10 +56,11 @@ from xrlflow_jax.search.beam import beam
 from xrlflow_jax.search.random_search import random_search
 from xrlflow_jax.search.policy import network_params_of as policy_params
 from xrlflow_jax.search.policy import init_network, policy
-from xrlflow_jax.search.api import default_ruleset, get_expander, optimize
+from xrlflow_jax.search.api import default_ruleset, get_expander, is_default, optimize
 
 __all__ = [
-    "METHODS", "Expander", "Expansion", "RewriteStep", "SearchError", "SearchResult", "beam",
-    "check_graph", "default_ruleset", "finish", "get_expander", "greedy", "init_network", "measure_pair",
+    "METHODS", "Children", "Expander", "Expansion", "bucket_size", "RewriteStep", "SearchError", "SearchResult", "beam",
+    "check_graph", "default_ruleset", "finish", "get_expander", "greedy", "init_network", "is_default",
+    "measure_pair",
     "optimize", "policy", "policy_params", "random_search", "replay", "taso",
 ]

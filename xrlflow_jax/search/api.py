@@ -8,7 +8,8 @@ from typing import Any, Callable
 from xrlflow_jax.cost import model as cost_model
 from xrlflow_jax.graph import layout
 from xrlflow_jax.graph.params import ParamStore
-from xrlflow_jax.rules.ruleset import RuleSet
+from xrlflow_jax.rules.compile import DEFAULT_MAX_LOCATIONS
+from xrlflow_jax.rules.ruleset import RuleSet, graph_op_codes, rules_that_can_fire
 from xrlflow_jax.search.backtracking import taso
 from xrlflow_jax.search.beam import beam
 from xrlflow_jax.search.expand import Expander
@@ -21,16 +22,32 @@ DRIVERS: dict[str, Callable[..., SearchResult]] = {
     "greedy": greedy, "taso": taso, "beam": beam, "random": random_search, "policy": policy}
 assert tuple(DRIVERS) == METHODS
 
-_DEFAULT_RULESET: list[RuleSet] = []
+_RULESETS: dict[tuple[str, ...], RuleSet] = {}
+_MAX_RULESETS = 16
 _EXPANDERS: dict[tuple[int, int], tuple[RuleSet, Any, Expander]] = {}
 
 
-def default_ruleset() -> RuleSet:
-  """Every built-in rule, 64 locations each (built once per process)."""
-  if not _DEFAULT_RULESET:
-    from xrlflow_jax.rules.library import builtin_rules  # pylint: disable=g-import-not-at-top
-    _DEFAULT_RULESET.append(RuleSet(builtin_rules()))
-  return _DEFAULT_RULESET[0]
+def default_ruleset(graph: layout.Graph | None = None) -> RuleSet:
+  """The built-in rules, 64 locations each; with `graph`, only those that can fire on it
+  (`rules.rules_that_can_fire` over its op codes: rules that cannot are not compiled). One
+  RuleSet object per rule list in a process, so compiled Expanders are reused."""
+  from xrlflow_jax.rules.library import builtin_rules  # pylint: disable=g-import-not-at-top
+  rules = builtin_rules()
+  if graph is not None:
+    rules = rules_that_can_fire(rules, graph_op_codes([graph])) or rules[:1]
+  key = tuple(r.name for r in rules)
+  if key not in _RULESETS:
+    if len(_RULESETS) >= _MAX_RULESETS:
+      _RULESETS.pop(next(iter(_RULESETS)))
+    _RULESETS[key] = RuleSet(rules)
+  return _RULESETS[key]
+
+
+def is_default(ruleset: RuleSet) -> bool:
+  """Whether `ruleset` is every built-in rule at the default locations (replayable as "all")."""
+  from xrlflow_jax.rules.library import builtin_rules  # pylint: disable=g-import-not-at-top
+  return (ruleset.max_locations == DEFAULT_MAX_LOCATIONS
+          and ruleset.names == [r.name for r in builtin_rules()])
 
 
 def get_expander(ruleset: RuleSet, coeffs: cost_model.CostCoefficients) -> Expander:
@@ -38,6 +55,8 @@ def get_expander(ruleset: RuleSet, coeffs: cost_model.CostCoefficients) -> Expan
   key = (id(ruleset), id(coeffs))
   hit = _EXPANDERS.get(key)
   if hit is None or hit[0] is not ruleset or hit[1] is not coeffs:
+    if len(_EXPANDERS) >= _MAX_RULESETS:
+      _EXPANDERS.pop(next(iter(_EXPANDERS)))
     hit = (ruleset, coeffs, Expander(ruleset, coeffs))
     _EXPANDERS[key] = hit
   return hit[2]
@@ -53,7 +72,8 @@ def optimize(graph: layout.Graph, params: ParamStore, method: str = "taso",
     graph: one graph of capacity N (with room for the rules' new nodes).
     params: its weights (the guard measures and validates with them).
     method: "greedy", "taso", "beam", "random" or "policy".
-    ruleset: the rules (default: every built-in rule; for "policy", the agent's).
+    ruleset: the rules (default: the built-in rules that can fire on `graph`,
+      `default_ruleset(graph)`; for "policy", the agent's).
     coeffs: cost-model coefficients (default: `cost.load_coefficients()` for this device).
     expander: a compiled Expander to reuse (overrides ruleset and coeffs).
     measure: time the input and the best graph side by side and return the input unless the
@@ -79,7 +99,7 @@ def optimize(graph: layout.Graph, params: ParamStore, method: str = "taso",
       if agent is None:
         raise SearchError("method 'policy' needs agent= (and network_params=)")
       ruleset = agent.ruleset
-    ruleset = ruleset if ruleset is not None else default_ruleset()
+    ruleset = ruleset if ruleset is not None else default_ruleset(graph)
     coeffs = coeffs if coeffs is not None else cost_model.load_coefficients()
     expander = get_expander(ruleset, coeffs)
   if method == "policy":

@@ -9,7 +9,6 @@ from typing import Any
 
 import numpy as np
 
-from xrlflow_jax.graph import host as graph_host
 from xrlflow_jax.graph import layout
 from xrlflow_jax.graph.params import ParamStore
 from xrlflow_jax.search import guard
@@ -23,10 +22,10 @@ def taso(graph: layout.Graph, params: ParamStore, expander: Expander, *, budget:
          measure_options: dict[str, Any] | None = None) -> SearchResult:
   """Backtracking search over a priority queue ordered by modelled cost.
 
-  Pops the cheapest unexpanded graph, costs all its candidates in one `Expander.costs` call,
+  Pops the cheapest unexpanded graph, costs and builds all its candidates (`Expander.expand`),
   and pushes every candidate whose cost is below `alpha` x the best cost so far (so a rewrite
   that raises the cost a little can lead to a better graph later), skipping graphs already seen
-  (`structural_hash`). Only pushed candidates are built (`Expander.apply_at`).
+  (identity hash, as TASO's: `graph.identity`).
 
   Args:
     graph: the input graph (capacity N); params: its weights (guard and validation).
@@ -47,19 +46,21 @@ def taso(graph: layout.Graph, params: ParamStore, expander: Expander, *, budget:
     raise SearchError(f"max_children must be >= 1 or None, got {max_children}")
   started = time.perf_counter()
   g0 = check_graph(graph, expander.ruleset)
-  first = expander.costs(g0)
-  cost0 = float(first.current)
+  ids0 = expander.identities(g0)
+  first = expander.expand(g0, ids0)
+  cost0 = float(first[0].current)
   tie = itertools.count()
-  queue: list[tuple[float, int, Any, tuple[RewriteStep, ...]]] = [(cost0, next(tie), g0, ())]
-  seen = {graph_host.structural_hash(g0)}
+  queue: list[tuple[float, int, Any, Any, tuple[RewriteStep, ...]]] = [
+      (cost0, next(tie), g0, ids0, ())]
+  seen = {expander.graph_hash(g0, ids0)}
   best_g, best_cost, best_steps = g0, cost0, ()
   expanded = costed = 0
   num_l = expander.max_locations
   while queue and expanded < budget:
-    cost, _, g, steps = heapq.heappop(queue)
+    cost, _, g, ids, steps = heapq.heappop(queue)
     if cost > alpha * best_cost:
       continue  # pushed before the best improved: outside the window now (TASO drops these)
-    exp = first if expanded == 0 else expander.costs(g)
+    exp, children = first if expanded == 0 else expander.expand(g, ids)
     valid, costs = np.asarray(exp.valid), np.asarray(exp.cost)
     expanded += 1
     costed += int(valid.sum())
@@ -73,13 +74,13 @@ def taso(graph: layout.Graph, params: ParamStore, expander: Expander, *, budget:
       if not c < alpha * best_cost:
         break
       r, loc = divmod(int(a), num_l)
-      child = expander.new_child(g, r, loc, nodes_all[r, loc], seen)
+      child = expander.new_child(children, int(a), nodes_all[r, loc], seen)
       if child is None:
         continue
-      g2, child_steps = child[0], steps + (child[1],)
+      g2, ids2, child_steps = child[0], child[1], steps + (child[2],)
       if improves(c, best_cost):
         best_g, best_cost, best_steps = g2, c, child_steps
-      heapq.heappush(queue, (c, next(tie), g2, child_steps))
+      heapq.heappush(queue, (c, next(tie), g2, ids2, child_steps))
     if len(queue) > max_queue:
       queue = heapq.nsmallest(max_queue, queue)
       heapq.heapify(queue)

@@ -7,7 +7,6 @@ from typing import Any
 
 import numpy as np
 
-from xrlflow_jax.graph import host as graph_host
 from xrlflow_jax.graph import layout
 from xrlflow_jax.graph.params import ParamStore
 from xrlflow_jax.search import guard
@@ -20,9 +19,9 @@ def beam(graph: layout.Graph, params: ParamStore, expander: Expander, *, beam_wi
          measure_options: dict[str, Any] | None = None) -> SearchResult:
   """Beam search over rewrite sequences.
 
-  At each of `steps` depths every beam graph is expanded (one `Expander.costs` call each); the
+  At each of `steps` depths every beam graph is expanded (one `Expander.expand` call each); the
   children of all of them are ranked by modelled cost and the cheapest `beam_width` graphs not
-  seen before (`structural_hash`) form the next beam, whether or not they are cheaper than
+  seen before (identity hash, `graph.identity`) form the next beam, whether or not they are cheaper than
   their parent (so a costly rewrite can lead somewhere). The cheapest graph ever seen is kept.
 
   Args:
@@ -37,37 +36,39 @@ def beam(graph: layout.Graph, params: ParamStore, expander: Expander, *, beam_wi
     raise SearchError(f"beam_width must be >= 1 and steps >= 0, got {beam_width}, {steps}")
   started = time.perf_counter()
   g0 = check_graph(graph, expander.ruleset)
-  first = expander.costs(g0)
-  cost0 = float(first.current)
-  seen = {graph_host.structural_hash(g0)}
-  frontier: list[tuple[float, Any, tuple[RewriteStep, ...]]] = [(cost0, g0, ())]
+  ids0 = expander.identities(g0)
+  first = expander.expand(g0, ids0)
+  cost0 = float(first[0].current)
+  seen = {expander.graph_hash(g0, ids0)}
+  frontier: list[tuple[float, Any, Any, tuple[RewriteStep, ...]]] = [(cost0, g0, ids0, ())]
   best_g, best_cost, best_steps = g0, cost0, ()
   expanded = costed = 0
   num_l = expander.max_locations
   for _ in range(steps):
     pool = []  # (cost, parent index, action)
     expansions = []
-    for i, (_, g, _) in enumerate(frontier):
-      exp = first if expanded == 0 else expander.costs(g)
+    for i, (_, g, ids, _) in enumerate(frontier):
+      exp, children = first if expanded == 0 else expander.expand(g, ids)
       valid, costs = np.asarray(exp.valid), np.asarray(exp.cost)
       expanded += 1
       costed += int(valid.sum())
-      expansions.append(np.asarray(exp.nodes))
+      expansions.append((np.asarray(exp.nodes), children))
       pool.extend((float(costs[a]), i, int(a)) for a in np.flatnonzero(valid))
     pool.sort(key=lambda t: (t[0], t[1], t[2]))
-    nxt: list[tuple[float, Any, tuple[RewriteStep, ...]]] = []
+    nxt: list[tuple[float, Any, Any, tuple[RewriteStep, ...]]] = []
     for c, i, a in pool:
       if len(nxt) >= beam_width:
         break
       r, loc = divmod(a, num_l)
-      _, parent, parent_steps = frontier[i]
-      made = expander.new_child(parent, r, loc, expansions[i][r, loc], seen)
+      parent_steps = frontier[i][3]
+      nodes_all, children = expansions[i]
+      made = expander.new_child(children, a, nodes_all[r, loc], seen)
       if made is None:
         continue
-      child = (c, made[0], parent_steps + (made[1],))
+      child = (c, made[0], made[1], parent_steps + (made[2],))
       nxt.append(child)
       if improves(c, best_cost):
-        best_cost, best_g, best_steps = c, child[1], child[2]
+        best_cost, best_g, best_steps = c, child[1], child[3]
     if not nxt:
       break
     frontier = nxt

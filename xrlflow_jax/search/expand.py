@@ -1,9 +1,12 @@
-"""Vectorised expansion: the modelled cost of every (rule, location) candidate of a graph in one
-jitted call, and the host helpers every driver shares (graph checks, steps, replay)."""
+"""Vectorised expansion: every valid (rule, location) candidate of a graph built and costed in one
+jitted call over a compacted bucket, and the host helpers every driver shares (graph checks,
+steps, replay)."""
 
 from __future__ import annotations
 
 from typing import Any, Sequence
+
+import dataclasses
 
 import chex
 import jax
@@ -12,6 +15,7 @@ import numpy as np
 
 from xrlflow_jax.cost import model as cost_model
 from xrlflow_jax.graph import host as graph_host
+from xrlflow_jax.graph import identity
 from xrlflow_jax.graph import layout
 from xrlflow_jax.rules import edit as edit_lib
 from xrlflow_jax.rules.ruleset import RuleSet, RuleSetMatch
@@ -34,9 +38,41 @@ class Expansion:
   current: jax.Array
 
 
+@dataclasses.dataclass(frozen=True)
+class Children:
+  """The candidate graphs of one expansion, built by the call that costed them (host arrays).
+
+  Attributes:
+    actions: int32[C], the flat actions of the C matched candidates, in bucket order.
+    ok: bool[C], the rewrite applied (shape rules, capacity, no cycle).
+    graphs: the candidate graphs, batched: every leaf [B, ...] (B >= C, the bucket size).
+    ids: uint32[B, N, 2], their node identities (`graph.identity`).
+    hashes: list[int] (length C), their graph hashes (`identity.graph_hash`).
+  """
+  actions: np.ndarray
+  ok: np.ndarray
+  graphs: layout.Graph
+  ids: np.ndarray
+  hashes: list[int]
+
+  def index(self, action: int) -> int:
+    """The bucket position of flat `action` (ValueError if it was not a candidate)."""
+    hits = np.flatnonzero(self.actions == action)
+    if not hits.size:
+      raise ValueError(f"action {action} is not a candidate of this expansion")
+    return int(hits[0])
+
+  def graph(self, i: int) -> layout.Graph:
+    """Candidate `i` (bucket position) as an unbatched host graph."""
+    return jax.tree_util.tree_map(lambda x: x[i], self.graphs)
+
+
 # A graph is better only if cheaper by this relative margin: candidates costed inside one jitted
 # call and graphs costed alone differ by float rounding, and noise is not a gain.
 MIN_GAIN = 1e-6
+# Candidates are compacted into buckets of a power-of-two size, at least this: a few compiled
+# shapes serve every graph of a capacity.
+MIN_BUCKET = 16
 
 
 def improves(cost: float, reference: float) -> bool:
@@ -44,16 +80,28 @@ def improves(cost: float, reference: float) -> bool:
   return float(cost) < float(reference) * (1.0 - MIN_GAIN)
 
 
+def bucket_size(count: int, num_actions: int) -> int:
+  """The bucket for `count` candidates: the next power of two >= count, at least MIN_BUCKET,
+  at most `num_actions` (A)."""
+  size = MIN_BUCKET
+  while size < count:
+    size *= 2
+  return max(1, min(size, num_actions))
+
+
 class Expander:
-  """Costs every candidate of a graph in one call, and applies one.
+  """Costs every candidate of a graph, and builds them, in one compiled call per expansion.
 
-  All functions are jitted; `jax.jit` caches one executable per graph capacity (N, K), so a
-  search over graphs of one capacity compiles each function once (`trace_counts` counts traces).
+  An expansion matches every rule (`RuleSet.match`, one jitted call), counts the valid
+  (rule, location) pairs on the host, and hands them, compacted into a bucket of
+  `bucket_size(count)` slots, to one jitted call that builds each candidate's edit (the
+  rule-specific plan chosen by `lax.switch`; under `vmap` every rule's small plan runs, the
+  shared shape rules, edit kernel and cost model once), applies it, and costs the result. Empty
+  (rule, location) slots cost nothing. Candidates come out of `apply_edit` with every unread
+  node freed, so the cost model skips its reachability loop (`pruned=True`, exact there).
 
-  Inside `costs`, rules are visited by `lax.map` (a loop, one rule at a time) and each rule's L
-  locations by `vmap`, with the rule-specific plan chosen by `lax.switch` on the (unbatched)
-  rule index: memory is one rule's L candidate graphs, and the shared edit kernel and cost model
-  are traced once (compile time does not grow with R).
+  `jax.jit` caches one executable per graph capacity (N, K) and bucket size, so a search
+  compiles a few (`trace_counts` counts traces).
 
   Args:
     ruleset: the rules (R rules, L locations, P bound slots).
@@ -64,11 +112,12 @@ class Expander:
     self.ruleset = ruleset
     self.coeffs = coeffs
     self.trace_counts: dict[str, int] = {"costs": 0, "apply_at": 0, "cost": 0,
-                                         "match": 0}
-    self._costs = jax.jit(self._costs_impl)
+                                         "match": 0, "identities": 0}
+    self._bucket = jax.jit(self._bucket_impl, static_argnames=("size",))
     self._apply_at = jax.jit(self._apply_at_impl)
     self._cost = jax.jit(self._cost_impl)
     self._match = jax.jit(self._match_impl)
+    self._identities = jax.jit(self._identities_impl)
 
   # ------------------------------------------------------------------ properties
   @property
@@ -89,31 +138,44 @@ class Expander:
     self.trace_counts["cost"] += 1
     return cost_model.graph_cost(graph, self.coeffs)
 
-  def _match_impl(self, graph: layout.Graph) -> RuleSetMatch:
+  def _match_impl(self, graph: layout.Graph) -> tuple[RuleSetMatch, jax.Array, jax.Array]:
     self.trace_counts["match"] += 1
-    return self.ruleset.match(graph)
+    match = self.ruleset.match(graph)
+    current = cost_model.graph_cost(graph, self.coeffs).astype(jnp.float32)
+    return match, match.mask.sum().astype(jnp.int32), current
 
-  def _costs_impl(self, graph: layout.Graph) -> Expansion:
+  def _identities_impl(self, graph: layout.Graph) -> jax.Array:
+    self.trace_counts["identities"] += 1
+    return identity.identities(graph)
+
+  def _bucket_impl(self, graph: layout.Graph, ids: jax.Array, match: RuleSetMatch,
+                   size: int):
+    """Builds and costs the first `size` valid (rule, location) pairs of `match`."""
     self.trace_counts["costs"] += 1
     rs = self.ruleset
     n = layout.capacity(graph)
-    match = rs.match(graph)
+    a = rs.num_actions
+    flat = match.mask.reshape(-1)  # [A]
+    (idx,) = jnp.nonzero(flat, size=size, fill_value=0)  # [B]
+    used = jnp.arange(size) < flat.sum()
+    rule = (idx // rs.max_locations).astype(jnp.int32)
+    nodes = match.nodes.reshape(a, -1)[idx]  # [B, P]
 
-    def one(r, nodes, allowed):
-      edit = rs.edit(graph, r, nodes)
-      edit = edit_lib.neutralize(edit, allowed & (nodes[0] >= 0), n)
+    def one(r, bound, keep):
+      edit = rs.edit(graph, r, bound)
+      edit = edit_lib.neutralize(edit, keep & (bound[0] >= 0), n)
       new, ok = edit_lib.apply_edit(graph, edit)
-      return ok, cost_model.graph_cost(new, self.coeffs)
+      cost = cost_model.graph_cost(new, self.coeffs, pruned=True)
+      child_ids = identity.child_identities(graph, ids, new, rs.max_new)
+      return new, ok, cost, child_ids, identity.graph_hash(new, child_ids)
 
-    def per_rule(r):
-      ok, c = jax.vmap(one, in_axes=(None, 0, 0))(r, match.nodes[r], match.mask[r])
-      return ok, c
-
-    ok, c = jax.lax.map(per_rule, jnp.arange(len(rs), dtype=jnp.int32))  # [R, L]
-    valid = (ok & match.mask).reshape(-1)
-    cost = jnp.where(valid, c.reshape(-1).astype(jnp.float32), jnp.inf)
-    current = cost_model.graph_cost(graph, self.coeffs).astype(jnp.float32)
-    return Expansion(valid=valid, cost=cost, nodes=match.nodes, current=current)
+    children, ok, c, child_ids, hashes = jax.vmap(one)(rule, nodes, used)
+    ok = ok & used
+    slot = jnp.where(used, idx, a)  # unused bucket slots scatter nowhere
+    valid = jnp.zeros([a], bool).at[slot].set(ok, mode="drop")
+    cost = jnp.full([a], jnp.inf, jnp.float32).at[slot].set(
+        jnp.where(ok, c.astype(jnp.float32), jnp.inf), mode="drop")
+    return valid, cost, idx.astype(jnp.int32), ok, children, child_ids, hashes
 
   def _apply_at_impl(self, graph: layout.Graph, rule: jax.Array,
                      nodes: jax.Array) -> tuple[layout.Graph, jax.Array]:
@@ -123,8 +185,42 @@ class Expander:
   # ------------------------------------------------------------------ public
   def costs(self, graph: layout.Graph) -> Expansion:
     """Every candidate of `graph` (capacity N): valid bool[A], cost float32[A] (+inf where
-    invalid), nodes int32[R, L, P], and the graph's own cost float32[]. One jitted call."""
-    return self._costs(graph)
+    invalid), nodes int32[R, L, P], and the graph's own cost float32[]."""
+    return self.expand(graph)[0]
+
+  def identities(self, graph: layout.Graph) -> np.ndarray:
+    """uint32[N, 2]: the node identities of a search's input graph (`graph.identity`)."""
+    return np.asarray(self._identities(graph))
+
+  def graph_hash(self, graph: layout.Graph, ids: Any) -> int:
+    """The identity hash of `graph` with node identities `ids` (an int, for `seen` sets)."""
+    return identity.as_int(np.asarray(identity.graph_hash(graph, jnp.asarray(ids))))
+
+  def expand(self, graph: layout.Graph,
+             ids: Any | None = None) -> tuple[Expansion, Children]:
+    """Every candidate of `graph`, costed and built: (Expansion, Children).
+
+    Two jitted calls: the match (with the graph's own cost and the number C of valid
+    (rule, location) pairs), then one call over a bucket of `bucket_size(C)` slots.
+
+    Args:
+      graph: one graph of capacity N.
+      ids: its node identities uint32[N, 2] (`identities` for a search's input graph, then
+        the `Children.ids` of the expansion that built it); default: computed.
+    """
+    if ids is None:
+      ids = self._identities(graph)
+    match, count, current = self._match(graph)
+    count = int(count)
+    size = bucket_size(count, self.num_actions)
+    valid, cost, idx, ok, graphs, child_ids, hashes = self._bucket(graph, ids, match,
+                                                                   size=size)
+    exp = Expansion(valid=valid, cost=cost, nodes=match.nodes, current=current)
+    hashes = np.asarray(hashes)[:count].astype(np.uint64)
+    children = Children(actions=np.asarray(idx)[:count], ok=np.asarray(ok)[:count],
+                        graphs=layout.to_host(graphs), ids=np.asarray(child_ids),
+                        hashes=[int(h) for h in (hashes[:, 1] << np.uint64(32)) | hashes[:, 0]])
+    return exp, children
 
   def apply(self, graph: layout.Graph, action: int) -> layout.Graph:
     """The graph after flat action `action` (rule * L + location of `RuleSet.match(graph)`).
@@ -156,7 +252,7 @@ class Expander:
 
   def match(self, graph: layout.Graph) -> tuple[np.ndarray, np.ndarray]:
     """(mask bool[R, L], nodes int32[R, L, P]) on the host."""
-    m = self._match(graph)
+    m = self._match(graph)[0]
     return np.array(m.mask), np.array(m.nodes)
 
   def step(self, rule: int, location: int, nodes: Any) -> RewriteStep:
@@ -164,18 +260,19 @@ class Expander:
     return RewriteStep(self.ruleset.names[rule], int(rule), int(location),
                        tuple(int(v) for v in np.asarray(nodes)))
 
-  def new_child(self, graph: layout.Graph, rule: int, location: int, nodes: Any,
-                seen: set) -> tuple[layout.Graph, RewriteStep] | None:
-    """(host graph, step) of rule `rule` at `location` (bound `nodes`) applied to `graph`, or
-    None when the edit is refused or the result's structural hash is in `seen` (it is added)."""
-    g2, ok = self.apply_at(graph, rule, nodes)
-    if not ok:
+  def new_child(self, children: Children, action: int, nodes: Any,
+                seen: set) -> tuple[layout.Graph, np.ndarray, RewriteStep] | None:
+    """(host graph, its node identities, step) of candidate `action` of an expansion, or None
+    when its edit was refused or its identity hash is in `seen` (it is added)."""
+    i = children.index(int(action))
+    if not children.ok[i]:
       return None
-    h = graph_host.structural_hash(g2)
+    h = children.hashes[i]
     if h in seen:
       return None
     seen.add(h)
-    return layout.to_host(g2), self.step(rule, location, nodes)
+    r, loc = divmod(int(action), self.max_locations)
+    return children.graph(i), children.ids[i], self.step(r, loc, nodes)
 
   def apply_step(self, graph: layout.Graph, step: RewriteStep) -> layout.Graph:
     """Applies a recorded step; SearchError if it no longer applies."""

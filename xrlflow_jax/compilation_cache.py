@@ -1,0 +1,66 @@
+"""JAX's persistent compilation cache, on by default for every entry point: compile once per
+machine, not once per run.
+
+    from xrlflow_jax import compilation_cache
+    compilation_cache.enable()            # the per-user default directory
+    compilation_cache.enable("/fast/ssd") # another directory
+    compilation_cache.enable("off")       # leave it off
+
+The directory is, in order: the argument, `$XRLFLOW_COMPILATION_CACHE`, then
+`$XDG_CACHE_HOME/xrlflow_jax/xla` (default `~/.cache/xrlflow_jax/xla`). "off" (or "none", "0",
+"false"), as the argument or the variable, keeps the cache off. A directory the process already
+configured (`jax.config.update("jax_compilation_cache_dir", ...)`, as the tests do) is kept.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import jax
+
+ENV = "XRLFLOW_COMPILATION_CACHE"
+OFF = ("off", "none", "0", "false", "no")
+# Executables that compile faster than this are not written (tiny helpers recompile in
+# milliseconds; the search's matcher and bucket take seconds).
+MIN_COMPILE_SECONDS = 0.5
+_OFF = False  # "off" was asked for in this process
+
+
+def default_dir() -> Path:
+  """The per-user cache directory (`$XDG_CACHE_HOME/xrlflow_jax/xla` or `~/.cache/...`)."""
+  base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+  return Path(base) / "xrlflow_jax" / "xla"
+
+
+def enable(directory: str | os.PathLike[str] | None = None) -> Path | None:
+  """Turns the persistent compilation cache on; returns its directory, or None when off.
+
+  Args:
+    directory: where to keep compiled executables; None or "": `$XRLFLOW_COMPILATION_CACHE`,
+      else `default_dir()`; "off": do not enable.
+  """
+  global _OFF
+  current = jax.config.jax_compilation_cache_dir
+  if current:  # configured by the caller (or an earlier call): theirs wins
+    return Path(current)
+  choice = str(directory) if directory not in (None, "") else os.environ.get(ENV, "")
+  if choice.strip().lower() in OFF:
+    _OFF = True  # later calls with no directory keep it off
+    return None
+  if _OFF and not directory:
+    return None
+  path = Path(choice).expanduser() if choice else default_dir()
+  try:
+    path.mkdir(parents=True, exist_ok=True)
+  except OSError:
+    return None  # an unwritable cache directory only costs compile time, never the run
+  jax.config.update("jax_compilation_cache_dir", str(path))
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", MIN_COMPILE_SECONDS)
+  return path
+
+
+def directory() -> Path | None:
+  """The directory in use, or None when the cache is off."""
+  current = jax.config.jax_compilation_cache_dir
+  return Path(current) if current else None

@@ -1,0 +1,121 @@
+"""Node identities and graph hashes for search de-duplication, computed inside `jit`.
+
+A search must recognise a graph it has already met. `host.structural_hash` is exact (a Merkle
+hash over the whole DAG) but costs a Python walk of every node, 1-5 ms a graph: more than costing
+all the graph's candidates. Here, as in TASO's op cache, every node carries an identity:
+
+  * the nodes of the search's input graph get their Merkle hash (`identities`: a node's
+    signature and its inputs' identities, iterated to a fixed point over the DAG);
+  * a node created by a rewrite gets the same function of its signature and its inputs'
+    identities at creation (`child_identities`), so re-creating a node that existed (commuting
+    an Add twice) gives back its old identity;
+  * a node whose inputs a rewrite redirects keeps its identity (the identity names the node,
+    not its current inputs; its edges carry the change).
+
+The graph hash (`graph_hash`) is a sum over alive nodes of a hash of (identity, output index,
+the identities of its inputs in order): independent of slot placement and of the order in which
+independent rewrites were applied. Two lanes of 32 bits: distinct graphs collide with
+probability about (graphs seen)^2 / 2^64. Unlike the structural hash, two equal DAGs reached by
+derivations in which one node was re-created in one and kept (with redirected inputs) in the
+other hash differently; the search then expands that graph twice (never skips a new one).
+
+Identities are uint32[N, 2] arrays (two independent lanes).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from xrlflow_jax.graph import layout
+
+LANES = 2
+_SEEDS = (0x811C9DC5, 0x2545F491)
+_EMPTY = (0x5BD1E995, 0x27D4EB2F)  # the identity read for an unused input slot
+
+
+def _mix(h: jax.Array, x: jax.Array) -> jax.Array:
+  """Combines a uint32 word into a uint32 hash (multiply-xorshift; wraps)."""
+  h = (h ^ x.astype(jnp.uint32)) * jnp.uint32(0x01000193)
+  return h ^ (h >> jnp.uint32(15))
+
+
+def _finish(h: jax.Array) -> jax.Array:
+  """The murmur3 finaliser: full avalanche of a uint32."""
+  h = h ^ (h >> jnp.uint32(16))
+  h = h * jnp.uint32(0x85EBCA6B)
+  h = h ^ (h >> jnp.uint32(13))
+  h = h * jnp.uint32(0xC2B2AE35)
+  return h ^ (h >> jnp.uint32(16))
+
+
+def signatures(graph: layout.Graph) -> jax.Array:
+  """uint32[N, 2]: a hash of what a node is, apart from its inputs and its slot (op, attributes,
+  shape, rank, dtype, input index, parameter id); the output role is hashed per edge row."""
+  nd = graph.nodes
+  words = ([nd["op"], nd["rank"], nd["dtype"], nd["input_index"], nd["param_id"]]
+           + [nd["attrs"][:, a] for a in range(nd["attrs"].shape[-1])]
+           + [nd["shape"][:, r] for r in range(nd["shape"].shape[-1])])
+  lanes = []
+  for seed in _SEEDS:
+    h = jnp.full(nd["op"].shape, seed, jnp.uint32)
+    for w in words:
+      h = _mix(h, w)
+    lanes.append(_finish(h))
+  return jnp.stack(lanes, -1)
+
+
+def _combine(sig: jax.Array, ids: jax.Array, table: jax.Array) -> jax.Array:
+  """uint32[N, 2]: each node's signature combined with its inputs' identities in order."""
+  empty = jnp.asarray(_EMPTY, jnp.uint32)
+  h = sig
+  for k in range(table.shape[-1]):
+    read = jnp.where((table[:, k] >= 0)[:, None], ids[jnp.maximum(table[:, k], 0)], empty)
+    h = _mix(h, read)
+  return _finish(h)
+
+
+def identities(graph: layout.Graph) -> jax.Array:
+  """uint32[N, 2]: the Merkle identity of every alive node (0 for dead slots). A fixed point
+  over the DAG (a `while_loop` of at most depth + 1 rounds); for a search's input graph."""
+  table = layout.input_table(graph)
+  alive = graph.nodes["alive"][:, None]
+  sig = signatures(graph)
+
+  def body(state):
+    ids, _ = state
+    new = jnp.where(alive, _combine(sig, ids, table), jnp.uint32(0))
+    return new, jnp.any(new != ids)
+
+  init = jnp.where(alive, sig, jnp.uint32(0))
+  ids, _ = jax.lax.while_loop(lambda s: s[1], body, (init, jnp.asarray(True)))
+  return ids
+
+
+def child_identities(parent: layout.Graph, parent_ids: jax.Array, child: layout.Graph,
+                     max_new: int) -> jax.Array:
+  """uint32[N, 2]: identities of `child`, a graph one rewrite (at most `max_new` new nodes)
+  away from `parent`: kept nodes keep theirs, new nodes (alive in the child, free in the
+  parent: an edit only claims free slots) get their Merkle identity at creation."""
+  table = layout.input_table(child)
+  new = (child.nodes["alive"] & ~parent.nodes["alive"])[:, None]
+  sig = signatures(child)
+  ids = jnp.where(child.nodes["alive"][:, None], parent_ids, jnp.uint32(0))
+  for _ in range(max_new):  # new nodes may read each other: a chain is at most max_new long
+    ids = jnp.where(new, _combine(sig, ids, table), ids)
+  return ids
+
+
+def graph_hash(graph: layout.Graph, ids: jax.Array) -> jax.Array:
+  """uint32[2]: the hash of a graph given its node identities (see the module docstring)."""
+  table = layout.input_table(graph)
+  nd = graph.nodes
+  rows = _combine(_finish(ids ^ nd["output_index"].astype(jnp.uint32)[:, None]), ids, table)
+  rows = jnp.where(nd["alive"][:, None], rows, jnp.uint32(0))
+  return jnp.sum(rows, axis=0, dtype=jnp.uint32)
+
+
+def as_int(hash_lanes) -> int:
+  """A host int of a uint32[2] hash (for sets)."""
+  lo, hi = (int(x) for x in hash_lanes)
+  return (hi << 32) | lo
