@@ -46,6 +46,9 @@ _REPEATS = flags.DEFINE_integer("repeats_per_round", 3, "Timed runs per graph pe
 _PICTURE = flags.DEFINE_bool("picture", True, "Draw graph.png.")
 _KEEP_SLOWER = flags.DEFINE_bool("keep_slower", False, "Keep the optimised graph even when XLA "
                                  "measures it no faster than the input (default: keep the input).")
+_CACHE = flags.DEFINE_string("compilation_cache", "", "JAX's persistent compilation cache "
+                             "directory (default: $XRLFLOW_COMPILATION_CACHE, else "
+                             "~/.cache/xrlflow_jax/xla); 'off' to compile afresh.")
 
 
 def source_from_flags() -> str:
@@ -72,7 +75,7 @@ def main(argv: Sequence[str]) -> None:
         output_dir=_OUTPUT.value or None, budget=_BUDGET.value, seed=_SEED.value,
         capacity=_CAPACITY.value or None, rules=_RULES.value or None, measure=_MEASURE.value,
         latency_rounds=_ROUNDS.value, repeats_per_round=_REPEATS.value, picture=_PICTURE.value,
-        keep_slower=_KEEP_SLOWER.value)
+        keep_slower=_KEEP_SLOWER.value, compilation_cache_dir=_CACHE.value or None)
   except opt.OptimizeError as e:  # bad input: one line, no usage text, no traceback
     raise SystemExit(f"error: {e}") from None
   except XrlflowError as e:

@@ -27,7 +27,7 @@ import numpy as np
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from xrlflow_jax import cost, executor
+from xrlflow_jax import compilation_cache, cost, executor
 from xrlflow_jax import graph as G
 from xrlflow_jax.agents import METRICS, checkpoint, runs, summaries
 
@@ -39,8 +39,9 @@ _RESUME = flags.DEFINE_bool("resume", True, "Resume from the latest checkpoint i
 _STOP = flags.DEFINE_integer("stop_after", 0, "Stop this invocation after this many updates "
                              "(0: run to the end); a rerun resumes.")
 _CACHE = flags.DEFINE_string("compilation_cache", "",
-                             "A directory for JAX's persistent compilation cache (reruns skip "
-                             "the compile).")
+                             "JAX's persistent compilation cache directory (default: "
+                             "$XRLFLOW_COMPILATION_CACHE, else ~/.cache/xrlflow_jax/xla); 'off' "
+                             "to compile afresh.")
 
 
 def _chunk_size(num_updates: int, wanted: int) -> int:
@@ -135,8 +136,7 @@ def main(argv: list[str]) -> None:
   config = _CONFIG.value
   workdir = Path(_WORKDIR.value)
   workdir.mkdir(parents=True, exist_ok=True)
-  if _CACHE.value:
-    jax.config.update("jax_compilation_cache_dir", _CACHE.value)
+  compilation_cache.enable(_CACHE.value or None)
   (workdir / "config.json").write_text(config.to_json_best_effort(indent=2))
 
   run = runs.build(config)

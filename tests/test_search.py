@@ -109,16 +109,19 @@ def test_costs_equal_applying_each_candidate(toy, ruleset, expander):
 
 def test_bucket_sizes():
   a = 5248
-  assert [search.bucket_size(c, a) for c in (0, 1, 16, 17, 32, 33, 5000, 6000)] == \
-      [16, 16, 16, 32, 32, 64, a, a]
+  small = search.expand.MIN_BUCKET
+  assert [search.bucket_size(c, a) for c in (0, 1, small, small + 1, 2 * small + 1, 5000,
+                                             6000)] == [small, small, small, 2 * small,
+                                                        4 * small, a, a]
   assert search.bucket_size(3, 8) == 8  # never more slots than actions
 
 
-def test_bucketed_expansion_equals_each_candidate_alone_on_a_zoo_model():
+def test_bucketed_expansion_equals_each_candidate_alone_on_a_zoo_model(monkeypatch):
   """More candidates than the smallest bucket (so the bucket boundary is crossed): every valid
   (rule, location) is built and costed, and equals applying it alone and costing the result
   with the full (unpruned) cost model; the built child is the graph `apply_at` makes."""
   from xrlflow_jax import models  # pylint: disable=g-import-not-at-top
+  monkeypatch.setattr(search.expand, "MIN_BUCKET", 8)
   graph, _ = models.build("squeezenet1_1", "tiny", capacity=128)
   names = ("relu_after_concat", "conv_bias_relu_unfuse", "enlarge_conv_kernel_bias_sib_bias",
            "merge_conv_shared_input_bias")
@@ -127,7 +130,9 @@ def test_bucketed_expansion_equals_each_candidate_alone_on_a_zoo_model():
   ex = search.Expander(rs, coeffs)
   exp, children = ex.expand(graph)
   mask = np.asarray(ex.match(graph)[0]).reshape(-1)
-  assert mask.sum() > search.expand.MIN_BUCKET  # the bucket is the next size up
+  (bucket,) = ex.stats.buckets
+  assert bucket == search.bucket_size(int(mask.sum()), rs.num_actions)
+  assert 8 < mask.sum() < bucket  # a size up from the smallest, with empty slots at its end
   np.testing.assert_array_equal(np.sort(children.actions), np.flatnonzero(mask))
   valid, costs = np.asarray(exp.valid), np.asarray(exp.cost)
   assert valid.sum() == children.ok.sum() and np.isinf(costs[~valid]).all()

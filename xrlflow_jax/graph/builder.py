@@ -237,7 +237,8 @@ class GraphBuilder:
       arrays["param_id"][i] = node.param_id
       arrays["alive"][i] = True
       arrays["inputs"][i, :len(node.inputs)] = node.inputs
-      arrays["level"][i] = 1 + max((arrays["level"][u] for u in node.inputs), default=-1)
+      arrays["level"][i] = layout.LEVEL_GAP + max((arrays["level"][u] for u in node.inputs),
+                                                  default=-layout.LEVEL_GAP)
     for pos, idx in enumerate(self._outputs):
       arrays["is_output"][idx] = True
       arrays["output_index"][idx] = pos

@@ -15,7 +15,10 @@ A = ops.ATTR_WIDTH):
   nodes["param_id"]      int32[N]     key of a Constant's value in the ParamStore, -1 if none
   nodes["alive"]         bool[N]      the slot holds a node; dead slots are free
   nodes["level"]         int32[N]     a topological potential: level[u] < level[v] on every edge
-                                      u -> v (kept by rewrites; proves "a does not depend on b")
+                                      u -> v (kept by rewrites; proves "a does not depend on b");
+                                      built graphs space it by LEVEL_GAP, so the nodes a rewrite
+                                      adds (one above their inputs) fit below their consumers
+                                      instead of pushing every node downstream up
   edges["valid"]         bool[E]      edge slot holds an input
   senders                int32[E]     producer slot; N for an unused edge slot
   receivers              int32[E]     always n for edge n*K + k (fixed)
@@ -40,6 +43,10 @@ Graph = jraph.GraphsTuple
 
 DEFAULT_CAPACITY = 1024  # fits BERT-base from ../shared/models with room for rewrites
 DEFAULT_MAX_INPUTS = 5  # BatchNorm reads five tensors
+# Levels of a built graph are multiples of this: room for chains of up to LEVEL_GAP - 1 new nodes
+# between a node and its consumers before a rewrite must raise the levels downstream (a
+# `while_loop` round per level raised, over every node, in `rules.edit.apply_edit`).
+LEVEL_GAP = 64
 
 NODE_FIELDS = ("op", "attrs", "shape", "rank", "dtype", "is_constant", "is_output",
                "output_index", "input_index", "param_id", "alive", "level")

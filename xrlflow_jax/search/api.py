@@ -5,6 +5,7 @@ from __future__ import annotations
 import inspect
 from typing import Any, Callable
 
+from xrlflow_jax import compilation_cache
 from xrlflow_jax.cost import model as cost_model
 from xrlflow_jax.graph import layout
 from xrlflow_jax.graph.params import ParamStore
@@ -78,6 +79,9 @@ def optimize(graph: layout.Graph, params: ParamStore, method: str = "taso",
     expander: a compiled Expander to reuse (overrides ruleset and coeffs).
     measure: time the input and the best graph side by side and return the input unless the
       best is measurably faster (else the guard uses the modelled cost).
+    The result's options record `compile_seconds` (calls that traced: compiling, or loading
+    from JAX's persistent compilation cache, which this turns on: `compilation_cache.enable`)
+    and the number of `rules`.
     seed: PRNG seed (random and policy). measure_options: see `guard.measure_pair`.
     **options: the method's settings (see the package docstring), e.g. budget=, alpha= (taso),
       beam_width=, steps= (beam), agent=, network_params= (policy).
@@ -106,5 +110,10 @@ def optimize(graph: layout.Graph, params: ParamStore, method: str = "taso",
     missing = [k for k in ("agent", "network_params") if options.get(k) is None]
     if missing:
       raise SearchError(f"method 'policy' needs {' and '.join(m + '=' for m in missing)}")
-  return driver(graph, params, expander, measure=measure, seed=seed,
-                measure_options=measure_options, **options)
+  compilation_cache.enable()
+  compiled_before = expander.stats.compile_seconds
+  result = driver(graph, params, expander, measure=measure, seed=seed,
+                  measure_options=measure_options, **options)
+  result.options["compile_seconds"] = expander.stats.compile_seconds - compiled_before
+  result.options["rules"] = len(expander.ruleset)
+  return result

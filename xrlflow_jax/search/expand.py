@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 import dataclasses
+import time
 
 import chex
 import jax
@@ -72,7 +73,27 @@ class Children:
 MIN_GAIN = 1e-6
 # Candidates are compacted into buckets of a power-of-two size, at least this: a few compiled
 # shapes serve every graph of a capacity.
-MIN_BUCKET = 16
+MIN_BUCKET = 64
+
+
+@dataclasses.dataclass
+class ExpanderStats:
+  """What an Expander did since it was built (or `reset`).
+
+  Attributes:
+    candidates: valid (rule, location) pairs of each expansion, in order.
+    buckets: the bucket sizes used (each compiled once per capacity).
+    compile_seconds: wall time of the calls that traced (compile, or load from the persistent
+      compilation cache, plus one run).
+  """
+  candidates: list[int] = dataclasses.field(default_factory=list)
+  buckets: set[int] = dataclasses.field(default_factory=set)
+  compile_seconds: float = 0.0
+
+  def reset(self) -> None:
+    self.candidates.clear()
+    self.buckets.clear()
+    self.compile_seconds = 0.0
 
 
 def improves(cost: float, reference: float) -> bool:
@@ -118,6 +139,18 @@ class Expander:
     self._cost = jax.jit(self._cost_impl)
     self._match = jax.jit(self._match_impl)
     self._identities = jax.jit(self._identities_impl)
+    self.stats = ExpanderStats()
+
+  def _call(self, fn, *args, **kwargs):
+    """Calls a jitted function; a call that traced is charged to `stats.compile_seconds`
+    (tracing, then compiling or loading from the persistent cache, and one run)."""
+    before = sum(self.trace_counts.values())
+    t = time.perf_counter()
+    out = fn(*args, **kwargs)
+    if sum(self.trace_counts.values()) != before:
+      jax.block_until_ready(out)
+      self.stats.compile_seconds += time.perf_counter() - t
+    return out
 
   # ------------------------------------------------------------------ properties
   @property
@@ -190,7 +223,7 @@ class Expander:
 
   def identities(self, graph: layout.Graph) -> np.ndarray:
     """uint32[N, 2]: the node identities of a search's input graph (`graph.identity`)."""
-    return np.asarray(self._identities(graph))
+    return np.asarray(self._call(self._identities, graph))
 
   def graph_hash(self, graph: layout.Graph, ids: Any) -> int:
     """The identity hash of `graph` with node identities `ids` (an int, for `seen` sets)."""
@@ -209,12 +242,14 @@ class Expander:
         the `Children.ids` of the expansion that built it); default: computed.
     """
     if ids is None:
-      ids = self._identities(graph)
-    match, count, current = self._match(graph)
+      ids = self._call(self._identities, graph)
+    match, count, current = self._call(self._match, graph)
     count = int(count)
     size = bucket_size(count, self.num_actions)
-    valid, cost, idx, ok, graphs, child_ids, hashes = self._bucket(graph, ids, match,
-                                                                   size=size)
+    valid, cost, idx, ok, graphs, child_ids, hashes = self._call(self._bucket, graph, ids, match,
+                                                                 size=size)
+    self.stats.candidates.append(count)
+    self.stats.buckets.add(size)
     exp = Expansion(valid=valid, cost=cost, nodes=match.nodes, current=current)
     hashes = np.asarray(hashes)[:count].astype(np.uint64)
     children = Children(actions=np.asarray(idx)[:count], ok=np.asarray(ok)[:count],
@@ -243,16 +278,16 @@ class Expander:
     p = self.ruleset.num_slots
     if nodes.shape[0] < p:
       nodes = np.concatenate([nodes, np.full([p - nodes.shape[0]], -1, np.int32)])
-    new, ok = self._apply_at(graph, np.int32(rule), nodes)
+    new, ok = self._call(self._apply_at, graph, np.int32(rule), nodes)
     return new, bool(ok)
 
   def cost(self, graph: layout.Graph) -> float:
     """Modelled cost of `graph` in ms (float)."""
-    return float(self._cost(graph))
+    return float(self._call(self._cost, graph))
 
   def match(self, graph: layout.Graph) -> tuple[np.ndarray, np.ndarray]:
     """(mask bool[R, L], nodes int32[R, L, P]) on the host."""
-    m = self._match(graph)[0]
+    m = self._call(self._match, graph)[0]
     return np.array(m.mask), np.array(m.nodes)
 
   def step(self, rule: int, location: int, nodes: Any) -> RewriteStep:
