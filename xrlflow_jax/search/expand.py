@@ -64,8 +64,9 @@ class Children:
     return int(hits[0])
 
   def graph(self, i: int) -> layout.Graph:
-    """Candidate `i` (bucket position) as an unbatched host graph."""
-    return jax.tree_util.tree_map(lambda x: x[i], self.graphs)
+    """Candidate `i` (bucket position) as an unbatched host graph (a copy: a view would keep
+    the whole bucket alive as long as a search queue holds the child)."""
+    return jax.tree_util.tree_map(lambda x: np.array(x[i]), self.graphs)
 
 
 # A graph is better only if cheaper by this relative margin: candidates costed inside one jitted
@@ -307,7 +308,7 @@ class Expander:
       return None
     seen.add(h)
     r, loc = divmod(int(action), self.max_locations)
-    return children.graph(i), children.ids[i], self.step(r, loc, nodes)
+    return children.graph(i), np.array(children.ids[i]), self.step(r, loc, nodes)
 
   def apply_step(self, graph: layout.Graph, step: RewriteStep) -> layout.Graph:
     """Applies a recorded step; SearchError if it no longer applies."""
