@@ -377,3 +377,17 @@ def test_taso_beats_greedy_on_squeezenet_fire_modules():
   assert g.returned_input and t.best_cost_ms < g.best_cost_ms * 0.98
   assert "enlarge_conv_kernel_bias_sib_bias" == t.rewrites[0].rule
   assert_same_outputs(graph, t.best_graph, params)
+
+
+def test_search_benchmark_times_cold_and_warm_calls(toy):
+  """`search.benchmark.time_search` (the search-speed benchmark's core): two calls, the same
+  graph, compile charged to the first, a table with TASO's reference where the model has one."""
+  from xrlflow_jax.search import benchmark as bench  # pylint: disable=g-import-not-at-top
+  graph, params = toy
+  row = bench.time_search("squeezenet-toy", graph, params, coeffs=COEFFS, budget=4, alpha=1.2)
+  assert row.expansions >= 1 and row.warm_seconds > 0 and row.cold_seconds >= row.warm_seconds
+  assert 0 < row.compile_seconds <= row.cold_seconds
+  assert row.rules == len(search.default_ruleset(graph)) and row.median_candidates >= 1
+  assert row.taso_expansions_per_s == bench.TASO_EXPANSIONS_PER_S["squeezenet"]
+  table = bench.markdown([row])
+  assert "squeezenet-toy" in table and table.count("\n") == 2
