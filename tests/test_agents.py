@@ -297,6 +297,29 @@ def test_candidates_head_scores_every_action(env, ruleset):
   assert np.isfinite(float(value))
 
 
+@pytest.mark.slow  # compiles the candidates head twice; see README for -m slow
+def test_candidates_head_compacts_valid_candidates(env, ruleset):
+  """Compacted into as many slots as there are valid candidates, the head gives the logits of
+  the all-slots head on every valid action; with fewer slots, the candidates past the last
+  slot are not offered (-1e9) and the others keep their logits."""
+  _, ts = jax.jit(env.reset)(jax.random.PRNGKey(0))
+  obs = ts.observation
+  valid = np.flatnonzero(np.asarray(obs.action_mask[:-1]))
+  assert len(valid) >= 2
+  logits = {}
+  for slots in (0, len(valid), len(valid) - 1):
+    agent = Agent(ruleset, _node_costs, AgentConfig(head="candidates", hidden=16, layers=1,
+                                                    heads=2, max_candidates=slots))
+    params = jax.jit(agent.init)(jax.random.PRNGKey(0), obs)  # same shapes for every slots
+    logits[slots] = np.asarray(jax.jit(agent.apply)(params, obs)[0])
+  np.testing.assert_allclose(logits[len(valid)][valid], logits[0][valid], rtol=1e-5, atol=1e-6)
+  short = logits[len(valid) - 1]
+  np.testing.assert_allclose(short[valid[:-1]], logits[0][valid[:-1]], rtol=1e-5, atol=1e-6)
+  assert short[valid[-1]] == -1e9
+  with pytest.raises(AgentError, match="max_candidates"):
+    AgentConfig(head="candidates", max_candidates=-1).validate()
+
+
 def test_bad_configs_are_clear_errors(env, ruleset):
   with pytest.raises(AgentError, match="head"):
     Agent(ruleset, _node_costs, AgentConfig(head="global"))

@@ -48,6 +48,8 @@ def get_config(arg: str = "test") -> ml_collections.ConfigDict:
   c.agent.layers = 5
   c.agent.heads = 4
   c.agent.remat = False  # recompute GNN activations in backward (use with head=candidates)
+  # head=candidates: valid candidates compacted into this many slots (0: R * L, every one).
+  c.agent.max_candidates = 0
 
   c.ppo = ml_collections.ConfigDict()
   c.ppo.num_envs = 16

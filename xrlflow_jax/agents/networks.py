@@ -15,10 +15,11 @@ Policy heads over the environment's flat action space (R * L rewrites, then stop
   * "local": each (rule, location) is scored from the embeddings of the nodes it matched
     (one projection per pattern slot), a learned rule embedding, its cost features
     (`candidate_removed_cost`, `candidate_delta`) and the graph embedding.
-  * "candidates" (X-RLflow's): every candidate graph one rewrite would produce is built (one
-    vmapped edit kernel for all rules) and encoded by the same GNN; a shared scorer maps the
-    candidate's embedding, its difference to the current graph's, the rule embedding and its
-    exact modelled cost change to a logit. Works for any number of candidates.
+  * "candidates" (X-RLflow's): every valid candidate graph one rewrite would produce is built
+    (the valid (rule, location) pairs compacted into `AgentConfig.max_candidates` slots, one
+    vmapped edit kernel for all rules; empty slots are never encoded) and encoded by the same
+    GNN; a shared scorer maps the candidate's embedding, its difference to the current graph's,
+    the rule embedding and its exact modelled cost change to a logit.
 The stop action has its own logit from the graph embedding; the value comes from the same
 embedding. Invalid actions are masked by `distributions.MaskedCategorical`.
 """
@@ -130,20 +131,38 @@ def encoder_inputs(graph: layout.Graph, node_cost: jax.Array, scale: jax.Array) 
                        edge_valid=edge_valid, alive=alive)
 
 
-def candidate_graphs(ruleset: RuleSet, graph: layout.Graph, cand_nodes: jax.Array,
-                     mask: jax.Array) -> tuple[layout.Graph, jax.Array]:
-  """Every graph one rewrite of `graph` would produce, stacked rule-major.
+@chex.dataclass(frozen=True)
+class CandidateInputs:
+  """The `candidates` head's built candidates (C compacted slots).
 
-  The rule-specific plans are padded to the RuleSet's common edit size and stacked, so the
-  shape rules and the edit kernel are traced once for all R * L candidates (one vmap).
+  Attributes:
+    graphs: EncoderInputs with a leading axis C.
+    index: int32[C], the flat action (rule * L + location) of each slot.
+    used: bool[C], the slot holds a built candidate (the rest are padding).
+  """
+  graphs: Any
+  index: jax.Array
+  used: jax.Array
+
+
+def candidate_graphs(ruleset: RuleSet, graph: layout.Graph, cand_nodes: jax.Array,
+                     mask: jax.Array, index: jax.Array | None = None
+                     ) -> tuple[layout.Graph, jax.Array]:
+  """The graphs one rewrite of `graph` would produce, stacked rule-major.
+
+  The rule-specific plans (small: a few gathers each) are made for every (rule, location),
+  padded to the RuleSet's common edit size and stacked; the shape rules and the edit kernel
+  (the expensive part) then run once per built candidate (one vmap).
 
   Args:
     ruleset: the environment's rules (R rules, L locations, P pattern slots).
     graph: the current graph.
     cand_nodes: int32[R, L, P] matched nodes (`Observation.candidate_nodes`).
     mask: bool[R, L] valid locations.
+    index: int32[C] flat actions to build (e.g. the valid ones, compacted); None: all R * L.
   Returns:
-    (graphs with a leading axis R * L, ok bool[R * L]: the candidate exists and was applied).
+    (graphs with a leading axis C (R * L when index is None), ok bool[C]: the candidate exists
+    and was applied).
   """
   plans = []
   for r, c in enumerate(ruleset.compiled):
@@ -152,11 +171,16 @@ def candidate_graphs(ruleset: RuleSet, graph: layout.Graph, cand_nodes: jax.Arra
                     ruleset.max_freed)
     plans.append(jax.vmap(plan)(cand_nodes[r]))
   stacked = jax.tree_util.tree_map(lambda *xs: jnp.concatenate(xs, 0), *plans)
+  valid = mask.reshape(-1)
+  if index is not None:
+    stacked = jax.tree_util.tree_map(lambda x: x[index], stacked)
+    valid = valid[index]
 
-  def build(e):
-    return edit_lib.apply_edit(graph, edit_lib.complete(graph, e))
-  graphs, ok = jax.vmap(build)(stacked)
-  return graphs, ok & mask.reshape(-1)
+  def build(e, keep):
+    e = edit_lib.neutralize(edit_lib.complete(graph, e), keep, layout.capacity(graph))
+    return edit_lib.apply_edit(graph, e)
+  graphs, ok = jax.vmap(build)(stacked, valid)
+  return graphs, ok & valid
 
 
 # ----------------------------------------------------------------------------------------------
@@ -346,7 +370,8 @@ class ActorCritic(nn.Module):
       current: the current graph's encoder inputs.
       cand_nodes: int32[R, L, P] matched nodes of every (rule, location).
       cost_feats: float32[R, L, C] cost features of every candidate.
-      candidates: (the `candidates` head) encoder inputs of the R * L candidate graphs.
+      candidates: (the `candidates` head) the C built candidates: their encoder inputs, flat
+        actions and whether each was built (`CandidateInputs`).
     """
     r, l = self.num_rules, self.max_locations
     rules = jnp.broadcast_to(self.rule_embed(jnp.arange(r))[:, None, :], (r, l, self.hidden))
@@ -363,11 +388,16 @@ class ActorCritic(nn.Module):
       if candidates is None:
         raise AgentError("the candidates head needs the candidate graphs' encoder inputs")
       both = jax.tree_util.tree_map(lambda a, b: jnp.concatenate([a[None], b], 0), current,
-                                    candidates)
+                                    candidates.graphs)
       _, embs = self.encoder(both)
-      emb, cand = embs[0], embs[1:].reshape(r, l, self.hidden)
-      z = jnp.concatenate([cand, cand - emb, rules, self.cost_in(cost_feats)], -1)
-      scores = self.scorer(z)[..., 0]
+      emb, cand = embs[0], embs[1:]  # [H], [C, H]
+      idx = candidates.index
+      cost_c = cost_feats.reshape(r * l, -1)[idx]
+      z = jnp.concatenate([cand, cand - emb, rules.reshape(r * l, -1)[idx],
+                           self.cost_in(cost_c)], -1)
+      scores_c = self.scorer(z)[..., 0]
+      target = jnp.where(candidates.used, idx, r * l)
+      scores = jnp.full([r * l], -1e9, scores_c.dtype).at[target].set(scores_c, mode="drop")
     logits = jnp.concatenate([scores.reshape(-1), self.stop_head(emb)])
     return logits, self.value_head(emb)[0]
 
@@ -382,16 +412,20 @@ class AgentConfig:
 
   Attributes:
     head: "local" (scales to large graphs) or "candidates" (X-RLflow's; builds and encodes
-      every candidate graph: R * L encoder passes per observation).
+      every valid candidate graph: one encoder pass per candidate slot, see max_candidates).
     hidden: H; layers: GAT layers; heads: attention heads (divides H).
     remat: recompute the encoder's activations in the backward pass (less memory, ~1/3 more
       compute; worth it for the `candidates` head).
+    max_candidates: the `candidates` head builds and encodes only the valid candidates,
+      compacted into this many slots (X-RLflow capped its candidates at 500); valid candidates
+      beyond it are not offered (their logits are -1e9). 0: R * L slots, every candidate.
   """
   head: str = "local"
   hidden: int = 64
   layers: int = 5
   heads: int = 4
   remat: bool = False
+  max_candidates: int = 0
 
   def validate(self) -> None:
     if self.head not in HEADS:
@@ -401,6 +435,9 @@ class AgentConfig:
                        f"({self.heads})")
     if self.layers < 1:
       raise AgentError(f"layers must be >= 1, got {self.layers}")
+    if self.max_candidates < 0:
+      raise AgentError(f"max_candidates must be >= 0 (0: every candidate), got "
+                       f"{self.max_candidates}")
 
 
 class Agent:
@@ -432,10 +469,20 @@ class Agent:
     r, l = len(self.ruleset), self.ruleset.max_locations
     mask = obs.action_mask[:-1].reshape(r, l)
     if self.config.head == "candidates":
-      graphs, ok = candidate_graphs(self.ruleset, graph, obs.candidate_nodes, mask)
+      slots = min(self.config.max_candidates or r * l, r * l)
+      flat = mask.reshape(-1)
+      (index,) = jnp.nonzero(flat, size=slots, fill_value=0)  # valid candidates first
+      used = jnp.arange(slots) < flat.sum()
+      graphs, ok = candidate_graphs(self.ruleset, graph, obs.candidate_nodes, mask, index)
+      ok = ok & used
       cand_costs = jax.vmap(self.node_cost_fn)(graphs)
-      delta = jnp.where(ok, jnp.sum(cand_costs, -1) - jnp.sum(costs), 0.0).reshape(r, l)
-      candidates = jax.vmap(encoder_inputs, in_axes=(0, 0, None))(graphs, cand_costs, scale)
+      target = jnp.where(used, index, r * l)  # unused slots scatter nowhere
+      delta = jnp.zeros([r * l], jnp.float32).at[target].set(
+          jnp.where(ok, jnp.sum(cand_costs, -1) - jnp.sum(costs), 0.0), mode="drop")
+      delta = delta.reshape(r, l)
+      candidates = CandidateInputs(
+          graphs=jax.vmap(encoder_inputs, in_axes=(0, 0, None))(graphs, cand_costs, scale),
+          index=index.astype(jnp.int32), used=ok)
     else:
       delta, candidates = obs.candidate_delta, None
     removed = obs.candidate_removed_cost / scale
