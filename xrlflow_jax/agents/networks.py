@@ -164,13 +164,7 @@ def candidate_graphs(ruleset: RuleSet, graph: layout.Graph, cand_nodes: jax.Arra
     (graphs with a leading axis C (R * L when index is None), ok bool[C]: the candidate exists
     and was applied).
   """
-  plans = []
-  for r, c in enumerate(ruleset.compiled):
-    def plan(nodes, c=c):
-      return c.plan(graph, nodes[:c.rule.num_slots], ruleset.max_new, ruleset.max_redirects,
-                    ruleset.max_freed)
-    plans.append(jax.vmap(plan)(cand_nodes[r]))
-  stacked = jax.tree_util.tree_map(lambda *xs: jnp.concatenate(xs, 0), *plans)
+  stacked = ruleset.plans(graph, cand_nodes)
   valid = mask.reshape(-1)
   if index is not None:
     stacked = jax.tree_util.tree_map(lambda x: x[index], stacked)

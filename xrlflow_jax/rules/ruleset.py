@@ -109,6 +109,22 @@ class RuleSet:
     plan = jax.lax.switch(rule_index, [branch(c) for c in self.compiled], graph, nodes)
     return edit_lib.complete(graph, plan)
 
+  def plans(self, graph: layout.Graph, nodes: jax.Array) -> edit_lib.Edit:
+    """The plans (edits before `edit_lib.complete`) of every (rule, location): leaves with a
+    leading axis R * L (action order), from `nodes` int32[R, L, P] (`RuleSetMatch.nodes`).
+
+    Each rule's small plan is vmapped over its own L locations, so no `lax.switch` over rules
+    is batched (which would run, and trace a select for, every rule's plan per candidate);
+    gather the plans of the candidates to build, then `complete` and apply them.
+    """
+    out = []
+    for r, c in enumerate(self.compiled):
+      def plan(bound, c=c):
+        return c.plan(graph, bound[:c.rule.num_slots], self.max_new, self.max_redirects,
+                      self.max_freed)
+      out.append(jax.vmap(plan)(nodes[r]))
+    return jax.tree_util.tree_map(lambda *xs: jnp.concatenate(xs, 0), *out)
+
   def apply(self, graph: layout.Graph, rule_index: jax.Array, nodes: jax.Array,
             allowed: jax.Array | bool = True) -> tuple[layout.Graph, jax.Array]:
     """Applies one rule at one location; returns (graph, applied). Unapplicable: unchanged."""
