@@ -415,7 +415,7 @@ class TrainedPolicy:
 def build_run(names: Sequence[str], graphs: Sequence[Graph], params: Sequence[ParamStore],
               config: Any, coeffs: cost.CostCoefficients, ruleset=None):
   """An `agents.runs.Run` over given graphs (one capacity) with a config's env/agent/ppo fields
-  (see experiments/configs/ppo.py); `ruleset` overrides `config.env.rules`/`max_locations`."""
+  (see xrlflow_jax/configs/ppo.py); `ruleset` overrides `config.env.rules`/`max_locations`."""
   from xrlflow_jax.agents import runs  # pylint: disable=g-import-not-at-top
   from xrlflow_jax.agents.networks import Agent, AgentConfig  # pylint: disable=g-import-not-at-top
   from xrlflow_jax.agents.ppo import PPOConfig, Trainer  # pylint: disable=g-import-not-at-top

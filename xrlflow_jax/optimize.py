@@ -9,7 +9,7 @@ Pipeline (`optimize_model`):
   1. load       a zoo model (`models.build`) or an ONNX file (`onnx_io.load`; graph-only files get
                 seeded random weights, which the report says), fitted to a small capacity.
   2. search     "greedy" | "taso" | "beam" | "random": `search.optimize` on the cost model;
-                "ppo": a short PPO training run (`experiments/configs/ppo.py:test` settings, the
+                "ppo": a short PPO training run (`xrlflow_jax/configs/ppo.py:test` settings, the
                 budget in updates), then the trained policy as a search driver
                 (`search.optimize(..., "policy")`); the better graph by modelled cost of the
                 policy's and the best one training itself met is kept.
@@ -41,6 +41,7 @@ import numpy as np
 
 from xrlflow_jax import compilation_cache, cost, executor, models
 from xrlflow_jax import graph as G
+from xrlflow_jax.configs import ppo as ppo_configs
 from xrlflow_jax.errors import XrlflowError
 from xrlflow_jax.graph import layout
 
@@ -296,8 +297,9 @@ def run_search(loaded: Loaded, method: str, coeffs: cost.CostCoefficients, *, se
   found = _found_from_result(result, method)
   found.details.update(_ruleset_details(ruleset, default=search.is_default(ruleset)))
   if not rules:
-    found.details["rules_kept"] = f"{len(ruleset)} of {len(search.default_ruleset())} built-in " \
-                                  "rules can fire on this graph"
+    from xrlflow_jax.rules.library import builtin_rules  # pylint: disable=g-import-not-at-top
+    found.details["rules_kept"] = (f"{len(ruleset)} of {len(builtin_rules())} built-in rules "
+                                   "can fire on this graph")
   return found
 
 
@@ -339,25 +341,9 @@ def _coefficients(path: str) -> cost.CostCoefficients:
   return cost.load_coefficients(path=path or None)
 
 
-def _config_module():
-  """experiments/configs/ppo.py, imported as a package module or, failing that, by path."""
-  try:
-    from experiments.configs import ppo  # pylint: disable=g-import-not-at-top
-    return ppo
-  except ImportError:
-    import importlib.util  # pylint: disable=g-import-not-at-top
-    path = Path(__file__).resolve().parents[1] / "experiments" / "configs" / "ppo.py"
-    if not path.is_file():
-      raise OptimizeError(f"the PPO config {path} is missing (it ships with the repository)")
-    spec = importlib.util.spec_from_file_location("_xrlflow_ppo_config", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def ppo_config(budget: int | None = None, seed: int = 0, rules: Sequence[str] | None = None):
-  """The short-run PPO config: `experiments/configs/ppo.py:test` with `budget` updates."""
-  c = _config_module().get_config("test")
+  """The short-run PPO config: `configs.ppo.get_config("test")` with `budget` updates."""
+  c = ppo_configs.get_config("test")
   if budget:
     c.ppo.total_timesteps = int(c.ppo.num_envs) * int(c.ppo.num_steps) * int(budget)
   if rules:
@@ -377,8 +363,7 @@ def default_ppo_rules(graph: layout.Graph, max_locations: int) -> tuple[str, ...
   """The rule set PPO trains with when none is given: the test config's five conv rules
   (SqueezeNet's enlarge-then-merge situation) when one of them applies, else the default
   config's wider set, else every built-in rule. OptimizeError when no rule applies at all."""
-  module = _config_module()
-  for names in (module.TEST_RULES, module.DEFAULT_RULES, ("all",)):
+  for names in (ppo_configs.TEST_RULES, ppo_configs.DEFAULT_RULES, ("all",)):
     if rules_match(graph, names, max_locations):
       return tuple(names)
   raise OptimizeError("no built-in rule applies anywhere in this graph; nothing to optimise")

@@ -1,6 +1,6 @@
 """Building a training run from a config (ml_collections.ConfigDict or nested dicts): the graph
 pool, rules, cost model, environment, agent and trainer. Shared by `experiments/train.py`, the
-training benchmark and tests; see `experiments/configs/ppo.py` for the fields.
+training benchmark and tests; see `xrlflow_jax/configs/ppo.py` for the fields.
 """
 
 from __future__ import annotations
@@ -76,7 +76,7 @@ def load_cost(path: str) -> cost.CostCoefficients:
 
 def build(config: Any, devices: Sequence[jax.Device] | None = None,
           coeffs: cost.CostCoefficients | None = None) -> Run:
-  """A Run from a config (see experiments/configs/ppo.py); `coeffs` overrides the config's."""
+  """A Run from a config (see xrlflow_jax/configs/ppo.py); `coeffs` overrides the config's."""
   names, graphs, params = load_pool(config.model)
   coeffs = coeffs if coeffs is not None else load_cost(config.env.cost_coefficients)
   ruleset = RuleSet(select_rules(config.env.rules), max_locations=int(config.env.max_locations))

@@ -1,0 +1,100 @@
+"""PPO training configs: `--config=experiments/configs/ppo.py:<model>` (that file re-exports
+this module for `ml_collections.config_flags`; the library imports it from here).
+
+<model> is "test" (a one-minute CPU run: tiny SqueezeNet, five rules, a small network), a zoo
+model name ("bert", "resnext50", ...; tiny size unless suffixed ",default"), or "onnx=<path>"
+for a graph-only ONNX file (e.g. ../shared/models/...). Override any field on the command line:
+`--config.ppo.num_envs=64 --config.agent.head=candidates`.
+"""
+
+from __future__ import annotations
+
+import ml_collections
+
+# Rules that act on most zoo models; the `test` config uses a subset.
+DEFAULT_RULES = (
+    "merge_matmul_shared_input_2", "merge_matmul_shared_input_3", "split_matmul_shared_input_2",
+    "merge_conv_shared_input_bias", "split_conv_shared_input_bias", "conv_bias_relu_fuse",
+    "conv_bias_relu_unfuse", "enlarge_conv_kernel_bias_sib_bias", "matmul_relu_fuse",
+    "matmul_gelu_fuse", "matmul_tanh_fuse", "add_commute", "add_assoc_left", "add_assoc_right",
+    "transpose_fuse", "transpose_cancel", "reshape_fuse", "reshape_cancel", "concat_of_slices",
+    "slice_of_concat_first", "slice_of_concat_second")
+# On SqueezeNet's fire modules (a 1x1 and a 3x3 conv reading one tensor) the CPU cost model has
+# X-RLflow's situation: enlarging the 1x1 kernel costs ~0.4%, then merging the two convs saves ~3%.
+TEST_RULES = ("enlarge_conv_kernel_bias_sib_bias", "merge_conv_shared_input_bias",
+              "split_conv_shared_input_bias", "conv_bias_relu_fuse", "conv_bias_relu_unfuse")
+
+
+def get_config(arg: str = "test") -> ml_collections.ConfigDict:
+  """The config for `arg` (see the module docstring)."""
+  c = ml_collections.ConfigDict()
+  c.model = ml_collections.ConfigDict()
+  c.model.name = "resnet18"
+  c.model.size = "tiny"
+  c.model.onnx = ""  # a path: import this ONNX file instead of a zoo model
+  c.model.capacity = 0  # 0: the zoo's default capacity (room for rewrites)
+  c.model.seed = 0
+
+  c.env = ml_collections.ConfigDict()
+  c.env.rules = DEFAULT_RULES  # names, or ("all",) for every built-in rule
+  c.env.max_locations = 16
+  c.env.horizon = 50
+  c.env.reward_scale = 10.0
+  c.env.exact_candidate_delta = False
+  c.env.cost_coefficients = ""  # a JSON file; "" = the shipped fit for the default device
+
+  c.agent = ml_collections.ConfigDict()
+  c.agent.head = "local"
+  c.agent.hidden = 64
+  c.agent.layers = 5
+  c.agent.heads = 4
+  c.agent.remat = False  # recompute GNN activations in backward (use with head=candidates)
+  # head=candidates: valid candidates compacted into this many slots (0: R * L, every one).
+  c.agent.max_candidates = 0
+
+  c.ppo = ml_collections.ConfigDict()
+  c.ppo.num_envs = 16
+  c.ppo.num_steps = 32
+  c.ppo.total_timesteps = 16 * 32 * 200
+  c.ppo.update_epochs = 4
+  c.ppo.num_minibatches = 4
+  c.ppo.gamma = 0.99
+  c.ppo.gae_lambda = 0.95
+  c.ppo.learning_rate = 5e-4
+  c.ppo.anneal_lr = False
+  c.ppo.clip_eps = 0.2
+  c.ppo.clip_value = True
+  c.ppo.ent_coef = 0.01
+  c.ppo.vf_coef = 0.5
+  c.ppo.max_grad_norm = 0.5
+  c.ppo.normalize_advantages = True
+
+  c.seed = 0
+  c.num_seeds = 1  # > 1: several seeds at once (vmap); metrics and best graphs per seed
+  c.updates_per_chunk = 10  # updates per jitted call (progress, metrics flush, checkpoints)
+  c.checkpoint_every = 1  # chunks between checkpoints (0: only at the end)
+  c.checkpoint_backend = "auto"  # auto (orbax if installed, else msgpack), orbax, msgpack
+  c.latency_repeats = 30  # timed runs of the initial and best graphs at the end (0: skip)
+
+  if arg == "test":
+    c.model.name = "squeezenet1_1"
+    c.model.capacity = 128
+    c.env.rules = TEST_RULES
+    c.env.max_locations = 8
+    c.env.horizon = 10
+    c.agent.hidden = 32
+    c.agent.layers = 2
+    c.ppo.num_envs = 8
+    c.ppo.num_steps = 8
+    c.ppo.total_timesteps = 8 * 8 * 12
+    c.ppo.num_minibatches = 2
+    c.updates_per_chunk = 4
+    c.latency_repeats = 10
+  elif arg.startswith("onnx="):
+    c.model.onnx = arg[len("onnx="):]
+    c.model.name = ""
+  elif arg:
+    name, _, size = arg.partition(",")
+    c.model.name = name
+    c.model.size = size or "tiny"
+  return c
