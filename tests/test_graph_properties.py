@@ -292,7 +292,7 @@ def _identity_hash_jit(graph: layout.Graph) -> jax.Array:
 
 
 def _identity_hash(graph: layout.Graph) -> int:
-  return identity.as_int(np.asarray(_identity_hash_jit(graph)))
+  return identity.as_ints(np.asarray(_identity_hash_jit(graph))[None])[0]
 
 
 def permute_slots(graph: layout.Graph, new_to_old: np.ndarray) -> layout.Graph:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from xrlflow_jax.graph import layout
 
@@ -115,7 +116,7 @@ def graph_hash(graph: layout.Graph, ids: jax.Array) -> jax.Array:
   return jnp.sum(rows, axis=0, dtype=jnp.uint32)
 
 
-def as_int(hash_lanes) -> int:
-  """A host int of a uint32[2] hash (for sets)."""
-  lo, hi = (int(x) for x in hash_lanes)
-  return (hi << 32) | lo
+def as_ints(hashes) -> list[int]:
+  """Host ints of uint32[C, 2] hashes (for sets)."""
+  h = np.asarray(hashes, np.uint64).reshape(-1, LANES)
+  return [int(x) for x in (h[:, 1] << np.uint64(32)) | h[:, 0]]

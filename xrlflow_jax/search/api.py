@@ -35,6 +35,7 @@ def default_ruleset(graph: layout.Graph | None = None) -> RuleSet:
   from xrlflow_jax.rules.library import builtin_rules  # pylint: disable=g-import-not-at-top
   rules = builtin_rules()
   if graph is not None:
+    # A RuleSet needs one rule; where none can fire, the first one finds nothing, cheaply.
     rules = rules_that_can_fire(rules, graph_op_codes([graph])) or rules[:1]
   key = tuple(r.name for r in rules)
   if key not in _RULESETS:

@@ -119,8 +119,9 @@ class Expander:
   `bucket_size(count)` slots, to one jitted call that builds each candidate's edit (the
   rule-specific plan chosen by `lax.switch`: under `vmap` every rule's small plan runs), completes
   it with the shared shape rules, applies it with the shared edit kernel, and costs the result.
-  The expensive parts never run on an empty (rule, location) slot. Candidates come out of `apply_edit` with every unread
-  node freed, so the cost model skips its reachability loop (`pruned=True`, exact there).
+  The expensive parts never run on an empty (rule, location) slot. Candidates come out of
+  `apply_edit` with every unread node freed, so the cost model skips its reachability loop
+  (`pruned=True`, exact there).
 
   `jax.jit` caches one executable per graph capacity (N, K) and bucket size, so a search
   compiles a few (`trace_counts` counts traces).
@@ -140,6 +141,7 @@ class Expander:
     self._cost = jax.jit(self._cost_impl)
     self._match = jax.jit(self._match_impl)
     self._identities = jax.jit(self._identities_impl)
+    self._graph_hash = jax.jit(identity.graph_hash)
     self.stats = ExpanderStats()
 
   def _call(self, fn, *args, **kwargs):
@@ -197,7 +199,7 @@ class Expander:
 
     def one(r, bound, keep):
       # `RuleSet.plans` (each rule vmapped over its L locations, then gathered) traces 2-3 s
-      # faster, but measured 15% slower per SqueezeNet expansion than this batched switch.
+      # faster, but was slower per SqueezeNet expansion in two of three side-by-side pairs.
       edit = edit_lib.neutralize(rs.edit(graph, r, bound), keep & (bound[0] >= 0), n)
       new, ok = edit_lib.apply_edit(graph, edit)
       cost = cost_model.graph_cost(new, self.coeffs, pruned=True)
@@ -220,8 +222,10 @@ class Expander:
   # ------------------------------------------------------------------ public
   def costs(self, graph: layout.Graph) -> Expansion:
     """Every candidate of `graph` (capacity N): valid bool[A], cost float32[A] (+inf where
-    invalid), nodes int32[R, L, P], and the graph's own cost float32[]."""
-    return self.expand(graph)[0]
+    invalid), nodes int32[R, L, P], and the graph's own cost float32[]. No de-duplication:
+    the input graph's identities (a depth-long loop) are not computed."""
+    n = layout.capacity(graph)
+    return self.expand(graph, np.zeros([n, identity.LANES], np.uint32))[0]
 
   def identities(self, graph: layout.Graph) -> np.ndarray:
     """uint32[N, 2]: the node identities of a search's input graph (`graph.identity`)."""
@@ -229,7 +233,7 @@ class Expander:
 
   def graph_hash(self, graph: layout.Graph, ids: Any) -> int:
     """The identity hash of `graph` with node identities `ids` (an int, for `seen` sets)."""
-    return identity.as_int(np.asarray(identity.graph_hash(graph, jnp.asarray(ids))))
+    return identity.as_ints(np.asarray(self._graph_hash(graph, ids))[None])[0]
 
   def expand(self, graph: layout.Graph,
              ids: Any | None = None) -> tuple[Expansion, Children]:
@@ -253,10 +257,9 @@ class Expander:
     self.stats.candidates.append(count)
     self.stats.buckets.add(size)
     exp = Expansion(valid=valid, cost=cost, nodes=match.nodes, current=current)
-    hashes = np.asarray(hashes)[:count].astype(np.uint64)
     children = Children(actions=np.asarray(idx)[:count], ok=np.asarray(ok)[:count],
                         graphs=layout.to_host(graphs), ids=np.asarray(child_ids),
-                        hashes=[int(h) for h in (hashes[:, 1] << np.uint64(32)) | hashes[:, 0]])
+                        hashes=identity.as_ints(np.asarray(hashes)[:count]))
     return exp, children
 
   def apply(self, graph: layout.Graph, action: int) -> layout.Graph:
