@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from xrlflow_jax import GraphBuilder, cost, executor, search
+from xrlflow_jax import GraphBuilder, cost, executor, measure, search
 from xrlflow_jax import graph as G
 from xrlflow_jax.agents import Agent, AgentConfig, RunnerState
 from xrlflow_jax.env import GraphRewriteEnv
@@ -277,23 +277,31 @@ def _stats(ms: float) -> cost.LatencyStats:
   return cost.LatencyStats(ms, ms * 0.9, ms * 1.1, 10, 0.1, "cpu", "cpu")
 
 
-@pytest.mark.parametrize("best_ms,kept", [(1.2, False), (1.0, False), (0.8, True)])
+def _verdict(name: str) -> measure.Speedup:
+  ratio = {"faster": 1.25, "no change": 1.01, "slower": 0.8}[name]
+  return measure.Speedup(ratio, ratio - 0.01, ratio + 0.01, 1.0, 0.99, 1.01, name, 0.95, 10)
+
+
+@pytest.mark.parametrize("verdict,kept", [("slower", False), ("no change", False),
+                                          ("faster", True)])
 def test_measured_guard_returns_the_input_unless_faster(monkeypatch, toy, ruleset, expander,
-                                                       best_ms, kept):
+                                                       verdict, kept):
+  """The guard keeps the graph found only on the verdict "faster" (not on a lower median)."""
   graph, params = toy
   calls = []
 
-  def fake(a, b, p, **kw):
+  def fake(a, candidates, p, **kw):
     calls.append(kw)
-    return _stats(1.0), _stats(best_ms)
+    return measure.Comparison(_stats(1.0), _stats(1.0), [_stats(0.8)] * len(candidates),
+                              [_verdict(verdict)] * len(candidates))
 
-  monkeypatch.setattr(search.guard, "measure_pair", fake)
+  monkeypatch.setattr(search.guard, "compare", fake)
   res = search.optimize(graph, params, "taso", expander=expander, budget=8, alpha=1.2,
-                        measure=True, measure_options={"rounds": 2})
-  assert calls == [{"rounds": 2}]
+                        measure=True, measure_options={"rounds": 6})
+  assert calls == [{"rounds": 6}]
   assert res.found_cost_ms == pytest.approx(OPTIMUM) and res.found_rewrites == 2
   assert res.returned_input == (not kept)
-  assert res.input_latency.median_ms == 1.0
+  assert res.input_latency.median_ms == 1.0 and res.measured.verdict == verdict
   if kept:
     assert res.best_cost_ms == pytest.approx(OPTIMUM) and len(res.rewrites) == 2
     assert res.speedup == pytest.approx(1.0 / 0.8)
@@ -301,16 +309,33 @@ def test_measured_guard_returns_the_input_unless_faster(monkeypatch, toy, rulese
     assert not res.rewrites and res.best_cost_ms == pytest.approx(INITIAL)
     assert G.structural_hash(res.best_graph) == G.structural_hash(graph)
     assert res.best_latency.median_ms == 1.0 and res.speedup == 1.0
+    assert "not measured faster" in res.summary()
   check_result(res, toy, ruleset, expander)
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"rounds": 2}, "rounds must be an integer >= 5"), ({"rounds": 0}, "rounds"),
+    ({"repeats_per_round": 0}, "repeats per round"), ({"warmup": -1}, "warm-up"),
+    ({"round": 5}, "unknown measure option")])
+def test_bad_measure_options_fail_before_the_search(monkeypatch, toy, expander, options,
+                                                    message):
+  graph, params = toy
+  def must_not_run(*args, **kwargs):
+    raise AssertionError("the search ran before its measure options were checked")
+
+  monkeypatch.setitem(search.api.DRIVERS, "taso", must_not_run)
+  with pytest.raises((measure.MeasurementError, search.SearchError), match=message):
+    search.optimize(graph, params, "taso", expander=expander, measure=True,
+                    measure_options=options)
 
 
 def test_measured_guard_times_both_graphs_for_real(toy, expander):
   graph, params = toy
   res = search.optimize(graph, params, "beam", expander=expander, beam_width=2, steps=2,
                         measure=True,
-                        measure_options={"rounds": 2, "repeats_per_round": 2, "warmup": 1})
+                        measure_options={"rounds": 5, "repeats_per_round": 2, "warmup": 1})
   assert res.input_latency is not None and res.best_latency is not None
-  assert res.input_latency.runs == 4
+  assert res.input_latency.runs == 10
   if res.returned_input:
     assert res.best_latency == res.input_latency
   else:

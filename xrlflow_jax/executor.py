@@ -127,6 +127,20 @@ def _index_bounds(g: layout.Graph, table: np.ndarray) -> dict[int, int]:
   return bounds
 
 
+def _constant_operand(value: Any, node: int) -> jax.Array:
+  """A Constant node's value as a JAX array; ShapeError when integers would wrap (int64 values
+  outside int32 while jax_enable_x64 is off) instead of computing something else."""
+  value = np.asarray(value)
+  run = jax.dtypes.canonicalize_dtype(value.dtype)
+  if run != value.dtype and np.issubdtype(value.dtype, np.integer) and value.size:
+    info = np.iinfo(run)
+    if value.min() < info.min or value.max() > info.max:
+      raise ShapeError(f"constant node {node} holds {value.dtype} values in [{value.min()}, "
+                       f"{value.max()}] that do not fit {np.dtype(run).name} (JAX without x64); "
+                       "enable jax_enable_x64 (JAX_ENABLE_X64=1) to run this graph")
+  return jnp.asarray(value)
+
+
 def lower(graph: layout.Graph, params: ParamStore, *, jit: bool = True,
           input_names: Sequence[str] | None = None) -> LoweredGraph:
   """Lowers `graph` with weights from `params` to a callable.
@@ -160,7 +174,7 @@ def lower(graph: layout.Graph, params: ParamStore, *, jit: bool = True,
     if not nd["is_constant"][v] or canon[v] != v:
       continue
     if nd["op"][v] == int(Op.CONSTANT):
-      folded[v] = jnp.asarray(params[int(nd["param_id"][v])])
+      folded[v] = _constant_operand(params[int(nd["param_id"][v])], v)
     else:
       folded[v] = _eval_node(g, v, [folded[canon[int(u)]] for u in table[v] if u >= 0])
 

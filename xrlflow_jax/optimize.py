@@ -39,28 +39,30 @@ from typing import Any, Callable, Mapping, Sequence
 import jax
 import numpy as np
 
-from xrlflow_jax import compilation_cache, cost, executor, models
+from xrlflow_jax import compilation_cache, cost, models, ops
 from xrlflow_jax import graph as G
 from xrlflow_jax.configs import ppo as ppo_configs
 from xrlflow_jax.errors import XrlflowError
 from xrlflow_jax.graph import layout
+from xrlflow_jax.measure import (DEFAULT_TOLERANCE, Comparison, MeasurementError,
+                                 NumericsCheck, NumericsError, Speedup, check_numerics,
+                                 check_settings, compare)
 
 METHODS = ("ppo", "greedy", "taso", "beam", "random")
 SIZES = ("tiny", "default")
 DEFAULT_MODEL = "squeezenet1_1"
-DEFAULT_TOLERANCE = 1e-3
 CAPACITY_QUANTUM = 64
 HEADROOM = 1.3
+INT32_MAX = 2**31 - 1
+# The random inputs, the weights and the two largest tensors must fit in this share of the
+# device's memory before any search starts.
+MEMORY_SHARE = 0.8
 # What `budget` means for each search method (the option of `search.optimize` it sets).
 BUDGET_OPTION = {"greedy": "max_steps", "taso": "budget", "beam": "steps", "random": "steps"}
 
 
 class OptimizeError(XrlflowError):
   """Bad input to the optimise job: unknown model or method, missing file, bad shape text."""
-
-
-class NumericsError(XrlflowError):
-  """The optimised graph computes something else than the original (nothing is written)."""
 
 
 # ----------------------------------------------------------------------------------------------
@@ -93,11 +95,27 @@ def parse_input_shape(text: str) -> tuple[str, tuple[int, ...]]:
     raise OptimizeError(f"bad input shape {text!r}: expected name=d0,d1,... "
                         "(e.g. x=1,3,224,224)")
   parts = [d.strip() for d in dims.split(",")]
-  if not parts or not all(re.fullmatch(r"\d+", d) for d in parts) or \
-      any(int(d) < 1 for d in parts):
+  if not parts or not all(re.fullmatch(r"\d+", d) for d in parts):
     raise OptimizeError(f"bad input shape {text!r}: the dims of {name!r} must be positive "
                         f"integers separated by commas, got {dims!r}")
-  return name, tuple(int(d) for d in parts)
+  return name, check_shape(name, [int(d) for d in parts])
+
+
+def check_shape(name: str, dims: Sequence[Any]) -> tuple[int, ...]:
+  """A whole input shape as ints: every dim an integer in [1, 2^31 - 1] and at most
+  2^31 - 1 elements in all (the graph stores dims as int32). OptimizeError names the input."""
+  out = []
+  for i, d in enumerate(dims):
+    if isinstance(d, (bool, np.bool_)) or not isinstance(d, (int, np.integer)):
+      raise OptimizeError(f"input {name!r}: dim {i} is {d!r}, not an integer")
+    if not 1 <= int(d) <= INT32_MAX:
+      raise OptimizeError(f"input {name!r}: dim {i} is {int(d)}; dims must lie in "
+                          f"[1, {INT32_MAX}] (--input_shape={name}=d0,d1,...)")
+    out.append(int(d))
+  if math.prod(out) > INT32_MAX:
+    raise OptimizeError(f"input {name!r}: shape {out} has {math.prod(out)} elements, more than "
+                        f"{INT32_MAX} (the graph's int32 sizes)")
+  return tuple(out)
 
 
 def parse_input_shapes(texts: Sequence[str]) -> dict[str, tuple[int, ...]]:
@@ -187,64 +205,6 @@ def _load_onnx(path: str, input_shapes: Mapping[str, Sequence[int]] | None,
                                random_weights=True, seed=seed)
   graph = fit_capacity(graph, capacity or auto_capacity(G.num_nodes(graph)))
   return Loaded(p.stem, "onnx", graph, params, str(p), int(params.stats.random_weights))
-
-
-# ----------------------------------------------------------------------------------------------
-# Numerics
-# ----------------------------------------------------------------------------------------------
-
-@dataclasses.dataclass(frozen=True)
-class NumericsCheck:
-  """Outputs of the original and the optimised graph on the same random inputs.
-
-  Attributes:
-    max_abs_error: max |a - b| over all outputs; max_rel_error: max |a - b| / (1 + |a|).
-    outputs: number of outputs compared; tolerance: the bound on max_rel_error; passed.
-  """
-  max_abs_error: float
-  max_rel_error: float
-  outputs: int
-  tolerance: float
-  passed: bool
-
-
-def check_numerics(reference: layout.Graph, candidate: layout.Graph, params: G.ParamStore, *,
-                   seed: int = 0, tolerance: float = DEFAULT_TOLERANCE) -> NumericsCheck:
-  """Runs both graphs on the same random inputs and compares every output."""
-  ref = executor.lower(reference, params)
-  new = executor.lower(candidate, params)
-  inputs = ref.random_inputs(seed)
-  a_out, b_out = ref(*inputs), new(*inputs)
-  if len(a_out) != len(b_out):
-    raise NumericsError(f"the optimised graph has {len(b_out)} outputs, the original "
-                        f"{len(a_out)}")
-  max_abs = max_rel = 0.0
-  for i, (a, b) in enumerate(zip(a_out, b_out)):
-    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    if a.shape != b.shape:
-      raise NumericsError(f"output {i} has shape {list(b.shape)} in the optimised graph, "
-                          f"{list(a.shape)} in the original")
-    if a.size:
-      diff = np.abs(a - b)
-      max_abs = max(max_abs, float(np.max(diff)))
-      max_rel = max(max_rel, float(np.max(diff / (1.0 + np.abs(a)))))
-  passed = bool(np.isfinite(max_rel) and max_rel <= tolerance)
-  return NumericsCheck(max_abs, max_rel, len(a_out), tolerance, passed)
-
-
-# ----------------------------------------------------------------------------------------------
-# Measuring
-# ----------------------------------------------------------------------------------------------
-
-def measure_pair(before: layout.Graph, after: layout.Graph, params: G.ParamStore, *,
-                 rounds: int = 10, repeats_per_round: int = 3, seed: int = 0
-                 ) -> tuple[cost.LatencyStats, cost.LatencyStats]:
-  """XLA latency of both graphs, compiled once each and timed in interleaved rounds."""
-  a = cost.compile_graph(before, params, seed=seed, what="the original graph")
-  b = cost.compile_graph(after, params, seed=seed, what="the optimised graph")
-  s_a, s_b = cost.measure_interleaved([a, b], rounds=rounds, repeats_per_round=repeats_per_round,
-                                      seed=seed)
-  return s_a, s_b
 
 
 # ----------------------------------------------------------------------------------------------
@@ -462,6 +422,8 @@ class OptimizeReport:
     random_weights: initializers given seeded random values (graph-only ONNX files).
     nodes_before, nodes_after: alive nodes; cost_before_ms, cost_after_ms: modelled cost.
     latency_before, latency_after: XLA latency measured side by side, or None.
+    measured: the speedup verdict of the graph returned (`measure.Speedup`; "unchanged" when
+      the input is returned), or None when not measured.
     numerics: the output comparison; rewrites: the replayable steps (None: not recorded).
     hash_before, hash_after: structural hashes; seconds: {stage: wall seconds}.
     output_dir: where files were written ("" when none); files: {kind: path}.
@@ -492,6 +454,7 @@ class OptimizeReport:
   input_graph: Any = dataclasses.field(default=None, repr=False)
   graph: Any = dataclasses.field(default=None, repr=False)
   params: Any = dataclasses.field(default=None, repr=False)
+  measured: Speedup | None = None
 
   @property
   def modelled_speedup(self) -> float:
@@ -499,17 +462,11 @@ class OptimizeReport:
 
   @property
   def measured_speedup(self) -> float | None:
-    if self.latency_before is None or self.latency_after is None:
+    """The measured speedup of a changed graph (`measured.ratio`); None when not measured or
+    when the graph returned is the input (nothing was timed against itself)."""
+    if self.measured is None or self.measured.verdict == "unchanged":
       return None
-    return self.latency_before.median_ms / self.latency_after.median_ms
-
-  @property
-  def within_noise(self) -> bool | None:
-    """Whether the medians differ by less than half the larger IQR (None: not measured)."""
-    a, b = self.latency_before, self.latency_after
-    if a is None or b is None:
-      return None
-    return abs(a.median_ms - b.median_ms) < 0.5 * max(a.iqr_ms, b.iqr_ms)
+    return self.measured.ratio
 
   def to_json(self) -> dict[str, Any]:
     """A JSON-ready dict."""
@@ -523,7 +480,7 @@ class OptimizeReport:
         "nodes_before": self.nodes_before, "nodes_after": self.nodes_after,
         "cost_before_ms": self.cost_before_ms, "cost_after_ms": self.cost_after_ms,
         "modelled_speedup": self.modelled_speedup, "measured_speedup": self.measured_speedup,
-        "measured_within_noise": self.within_noise,
+        "measured": None if self.measured is None else self.measured.to_json(),
         "latency_before": lat(self.latency_before), "latency_after": lat(self.latency_after),
         "numerics": dataclasses.asdict(self.numerics),
         "num_rewrites": None if self.rewrites is None else len(self.rewrites),
@@ -550,24 +507,20 @@ class OptimizeReport:
     device = (f" on {self.latency_after.device_kind} ({self.latency_after.backend})"
               if self.latency_after else "")
     nrw = "unrecorded" if self.rewrites is None else str(len(self.rewrites))
-    noise = ""
-    if meas is not None and self.within_noise:
-      noise = " (within the measurement spread)"
     returned = (": no rewrite lowered the modelled cost, the input is returned"
                 if self.details.get("returned_input") else "")
     if "measured_guard" in self.details:
       g = self.details["measured_guard"]
       returned = (f": the {g['rejected_found_by']} graph ({g['rejected_rewrites']} rewrites, "
                   f"modelled {g['rejected_cost_ms']:.4f} ms) measured "
-                  f"{g['rejected_latency_median_ms']:.4f} ms, not faster than the input: "
-                  "the input is returned")
+                  f"{g['rejected_latency_median_ms']:.4f} ms, speedup {g['rejected_speedup']}, "
+                  "not significantly faster than the input: the input is returned")
     lines += [
         f"speedup: modelled x{self.modelled_speedup:.3f}, measured "
-        + (f"x{meas:.3f}{device}{noise}" if meas is not None else "not measured"),
+        + ("not measured" if self.measured is None else
+           f"{self.measured.describe()}{device if meas is not None else ''}"),
         f"rewrites: {nrw} (found by {self.found_by}){returned}",
-        f"numerics: {'PASS' if n.passed else 'FAIL'} on {n.outputs} output(s): max abs error "
-        f"{n.max_abs_error:.2e}, max rel error {n.max_rel_error:.2e} (tolerance "
-        f"{n.tolerance:.0e})",
+        f"numerics: {n.describe()}",
         "time: " + ", ".join(f"{k} {v:.1f}s" for k, v in self.seconds.items()),
     ]
     if self.random_weights:
@@ -650,30 +603,143 @@ def default_output_dir(label: str, method: str) -> Path:
 
 
 # ----------------------------------------------------------------------------------------------
+# Checking (everything the job can refuse is refused before loading or searching)
+# ----------------------------------------------------------------------------------------------
+
+def _positive_int(value: Any, what: str, *, allow_none: bool = True) -> None:
+  if value is None and allow_none:
+    return
+  if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+    raise OptimizeError(f"{what} must be a positive integer, got {value!r}")
+
+
+def check_output_dir(path: str | os.PathLike) -> Path:
+  """`path` can be written as the output folder: not an existing file, and its nearest existing
+  ancestor is a writable folder. OptimizeError naming the path otherwise."""
+  out = Path(path)
+  if out.exists() and not out.is_dir():
+    raise OptimizeError(f"output {str(out)!r} is an existing file, not a folder (--output)")
+  parent = out
+  while not parent.exists():
+    parent = parent.parent
+  if not parent.is_dir():
+    raise OptimizeError(f"output {str(out)!r} cannot be created: {str(parent)!r} is a file "
+                        "(--output)")
+  if not os.access(parent, os.W_OK | os.X_OK):
+    raise OptimizeError(f"output {str(out)!r} is not writable: no write permission on "
+                        f"{str(parent)!r} (--output)")
+  return out
+
+
+def check_request(source: str, *, method: str, size: str,
+                  input_shapes: Mapping[str, Sequence[int]] | None, output_dir: Any,
+                  budget: int | None, capacity: int | None, measure_latency: bool,
+                  latency_rounds: int, repeats_per_round: int, tolerance: float,
+                  write: bool) -> dict[str, tuple[int, ...]]:
+  """Every argument of `optimize_model` that can be checked without loading: OptimizeError
+  (or MeasurementError) naming the argument. Returns the input shapes as int tuples."""
+  if method not in METHODS:
+    raise OptimizeError(f"unknown method {method!r}; methods are {', '.join(METHODS)}")
+  if size not in SIZES:
+    raise OptimizeError(f"unknown size {size!r}; sizes are {', '.join(SIZES)}")
+  _positive_int(budget, "the budget (--budget)")
+  _positive_int(capacity, "the capacity (--capacity)")
+  if not (isinstance(tolerance, (int, float)) and math.isfinite(tolerance) and tolerance >= 0):
+    raise OptimizeError(f"the numerics tolerance must be a finite number >= 0, got "
+                        f"{tolerance!r}")
+  if measure_latency:
+    try:
+      check_settings(latency_rounds, repeats_per_round)
+    except MeasurementError as e:
+      raise OptimizeError(f"{e} (--latency_rounds, --repeats_per_round)") from None
+  shapes = {}
+  for name, dims in dict(input_shapes or {}).items():
+    if isinstance(dims, str):
+      raise OptimizeError(f"input {name!r}: the shape must be a sequence of ints, got the text "
+                          f"{dims!r} (parse it with parse_input_shape, or give a tuple)")
+    shapes[str(name)] = check_shape(str(name), list(dims))
+  if _looks_like_path(source):
+    p = Path(source)
+    if p.is_dir():
+      raise OptimizeError(f"{source!r} is a folder, not an ONNX file")
+    if not p.is_file():
+      raise OptimizeError(f"ONNX file not found: {source}")
+  if write and output_dir:
+    check_output_dir(output_dir)
+  return shapes
+
+
+def memory_need(graph: layout.Graph) -> tuple[int, int, str]:
+  """(bytes of the graph's inputs and constants, bytes of its largest tensor, that tensor as
+  "node 12 (MATMUL) [1024, 4096] float32")."""
+  arrays = G.to_arrays(graph)
+  fixed = largest = 0
+  what = ""
+  for v in np.flatnonzero(arrays["alive"]):
+    shape = [int(d) for d in arrays["shape"][v][: int(arrays["rank"][v])]]
+    code, op = int(arrays["dtype"][v]), int(arrays["op"][v])
+    nbytes = math.prod(shape) * int(ops.dtype_size(np, code))
+    if op in (int(ops.Op.INPUT), int(ops.Op.CONSTANT)):
+      fixed += nbytes
+    if nbytes > largest:
+      largest = nbytes
+      what = f"node {int(v)} ({ops.Op(op).name}) {shape} {ops.DType(code).name.lower()}"
+  return fixed, largest, what
+
+
+def device_memory_bytes() -> int:
+  """Memory of the default device: its allocator's limit (GPUs), else the host's RAM."""
+  try:
+    stats = jax.devices()[0].memory_stats() or {}
+  except Exception:  # pylint: disable=broad-except
+    stats = {}
+  if stats.get("bytes_limit"):
+    return int(stats["bytes_limit"])
+  return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+
+
+def check_memory(loaded: Loaded) -> None:
+  """OptimizeError when the graph cannot run here (random inputs, weights and two copies of
+  its largest tensor above MEMORY_SHARE of the device's memory), before any search."""
+  fixed, largest, what = memory_need(loaded.graph)
+  need, have = fixed + 2 * largest, device_memory_bytes()
+  if need > MEMORY_SHARE * have:
+    gib = 2.0**30
+    raise OptimizeError(f"{loaded.label} needs about {need / gib:.1f} GiB to run (inputs and "
+                        f"weights {fixed / gib:.1f} GiB, largest tensor {what} "
+                        f"{largest / gib:.1f} GiB), more than {MEMORY_SHARE:.0%} of the "
+                        f"{have / gib:.1f} GiB here; give smaller --input_shape dims")
+
+
+# ----------------------------------------------------------------------------------------------
 # The job
 # ----------------------------------------------------------------------------------------------
 
-def measured_guard(loaded: Loaded, found: Found, before: cost.LatencyStats,
-                   after: cost.LatencyStats) -> tuple[Found, cost.LatencyStats]:
-  """Keeps the search's graph only if XLA measured it faster than the input.
+def measured_guard(loaded: Loaded, found: Found, comparison: Comparison
+                   ) -> tuple[Found, cost.LatencyStats, Speedup]:
+  """Keeps the search's graph only if XLA measured it significantly faster than the input.
 
-  Returns (found, after) unchanged when the optimised graph's median latency is below the
-  input's (or nothing was rewritten); otherwise the input itself (no rewrites, modelled cost of
-  the input) with the input's latency, and what was rejected in `details["measured_guard"]`.
+  Args:
+    comparison: `measure.compare(loaded.graph, [found.graph], ...)`.
+  Returns:
+    (found, its latency, its Speedup) when the verdict is "faster" or the graph is unchanged;
+    otherwise the input itself (no rewrites, modelled cost of the input) with the input's
+    latency and an "unchanged" Speedup, and what was rejected in `details["measured_guard"]`.
   """
-  changed = G.structural_hash(found.graph) != G.structural_hash(loaded.graph)
-  if not changed or after.median_ms < before.median_ms:
-    return found, after
+  after, verdict = comparison.candidates[0], comparison.speedups[0]
+  if verdict.verdict in ("faster", "unchanged"):
+    return found, after, verdict
   details = dict(found.details)
   details["returned_input"] = True
   details["measured_guard"] = {
       "rejected_found_by": found.found_by, "rejected_cost_ms": found.cost_ms,
       "rejected_rewrites": None if found.rewrites is None else len(found.rewrites),
       "rejected_latency_median_ms": after.median_ms, "rejected_latency_iqr_ms": after.iqr_ms,
-      "input_latency_median_ms": before.median_ms}
+      "input_latency_median_ms": comparison.reference.median_ms,
+      "rejected_speedup": verdict.describe(), "rejected_verdict": verdict.to_json()}
   kept = Found(loaded.graph, found.initial_cost_ms, found.initial_cost_ms, [], found.found_by,
                details)
-  return kept, before
+  return kept, comparison.reference, Speedup.unchanged()
 
 
 def optimize_model(source: str = DEFAULT_MODEL, *, method: str = "ppo", size: str = "tiny",
@@ -712,13 +778,19 @@ def optimize_model(source: str = DEFAULT_MODEL, *, method: str = "ppo", size: st
   Raises:
     OptimizeError (bad input), OnnxImportError, NumericsError (nothing written), SearchError.
   """
-  if method not in METHODS:
-    raise OptimizeError(f"unknown method {method!r}; methods are {', '.join(METHODS)}")
+  input_shapes = check_request(
+      str(source), method=method, size=size, input_shapes=input_shapes, output_dir=output_dir,
+      budget=budget, capacity=capacity, measure_latency=measure, latency_rounds=latency_rounds,
+      repeats_per_round=repeats_per_round, tolerance=tolerance, write=write)
   cache_dir = compilation_cache.enable(compilation_cache_dir)
   times: dict[str, float] = {}
   t = time.perf_counter()
   loaded = load_source(str(source), size=size, input_shapes=input_shapes, capacity=capacity,
                        seed=seed)
+  check_memory(loaded)
+  out = Path(output_dir) if output_dir else default_output_dir(loaded.label, method)
+  if write:
+    check_output_dir(out)
   times["load"] = time.perf_counter() - t
   log(f"loaded {loaded.label} ({loaded.kind}): {G.num_nodes(loaded.graph)} nodes, capacity "
       f"{G.capacity(loaded.graph)}" + (f"; {loaded.random_weights} initializers given random "
@@ -749,22 +821,22 @@ def optimize_model(source: str = DEFAULT_MODEL, *, method: str = "ppo", size: st
   numerics = check_numerics(loaded.graph, best, loaded.params, seed=seed, tolerance=tolerance)
   times["check"] = time.perf_counter() - t
   if not numerics.passed:
-    raise NumericsError(f"the optimised graph's outputs differ from the original's: max rel "
-                        f"error {numerics.max_rel_error:.3e} > tolerance {tolerance:.0e} (max "
-                        f"abs error {numerics.max_abs_error:.3e}); nothing was written")
+    raise NumericsError(f"the optimised graph's outputs differ from the original's: "
+                        f"{numerics.describe()}; nothing was written")
 
-  lat_before = lat_after = None
+  lat_before = lat_after = verdict = None
   if measure:
     t = time.perf_counter()
-    lat_before, lat_after = measure_pair(loaded.graph, best, loaded.params, rounds=latency_rounds,
-                                         repeats_per_round=repeats_per_round, seed=seed)
+    comparison = compare(loaded.graph, [best], loaded.params, rounds=latency_rounds,
+                         repeats_per_round=repeats_per_round, seed=seed)
+    lat_before, lat_after, verdict = (comparison.reference, comparison.candidates[0],
+                                      comparison.speedups[0])
     times["measure"] = time.perf_counter() - t
     if not keep_slower:
-      found, lat_after = measured_guard(loaded, found, lat_before, lat_after)
+      found, lat_after, verdict = measured_guard(loaded, found, comparison)
       if "measured_guard" in found.details:
-        rejected = found.details["measured_guard"]["rejected_latency_median_ms"]
-        log(f"measured: the optimised graph ({rejected:.4f} ms) is not faster than the input "
-            f"({lat_before.median_ms:.4f} ms): the input is kept")
+        log(f"measured: the optimised graph is not significantly faster than the input "
+            f"({comparison.speedups[0].describe()}): the input is kept")
         best = loaded.graph
 
   report = OptimizeReport(
@@ -772,13 +844,12 @@ def optimize_model(source: str = DEFAULT_MODEL, *, method: str = "ppo", size: st
       found_by=found.found_by, random_weights=loaded.random_weights,
       nodes_before=G.num_nodes(loaded.graph), nodes_after=G.num_nodes(best),
       cost_before_ms=found.initial_cost_ms, cost_after_ms=found.cost_ms,
-      latency_before=lat_before, latency_after=lat_after, numerics=numerics,
+      latency_before=lat_before, latency_after=lat_after, measured=verdict, numerics=numerics,
       rewrites=found.rewrites, hash_before=G.structural_hash(loaded.graph),
       hash_after=G.structural_hash(best), seconds=times, details=found.details,
       input_graph=loaded.graph, graph=best, params=loaded.params)
   if write:
     t = time.perf_counter()
-    out = Path(output_dir) if output_dir else default_output_dir(loaded.label, method)
     report.output_dir = str(out)
     times["write"] = 0.0
     report.files = write_outputs(report, loaded, best, out, picture=picture, log=log)

@@ -166,24 +166,44 @@ def measure_latency(graph: layout.Graph, params: ParamStore, *, warmup: int = 3,
   return _stats(times, compiled)
 
 
-def measure_interleaved(compiled: Sequence[CompiledGraph], *, rounds: int = 10,
-                        repeats_per_round: int = 3, warmup: int = 2, seed: int = 0,
-                        min_round_time_s: float = 0.0) -> list[LatencyStats]:
-  """Latencies of several compiled graphs measured side by side.
+def time_interleaved(compiled: Sequence[CompiledGraph], *, rounds: int = 10,
+                     repeats_per_round: int = 3, warmup: int = 2, seed: int = 0,
+                     min_round_time_s: float = 0.0) -> list[list[np.ndarray]]:
+  """Wall times in ms of several compiled graphs timed side by side, kept per round.
 
-  Each round times every graph `repeats_per_round` times, in a fresh random order, so drift in
-  the machine's load (other processes, frequency changes) spreads over all graphs instead of
-  biasing whichever was measured last. Statistics pool all rounds (runs = rounds x repeats).
+  Each round times every graph `repeats_per_round` times (at least `min_round_time_s`), in a
+  fresh random order, so drift in the machine's load (other processes, frequency changes)
+  spreads over all graphs instead of biasing whichever was measured last.
+
+  Returns:
+    times[g][r]: float64[runs] of graph g in round r (the paired unit of `measure.speedup`).
   """
+  if rounds < 1 or repeats_per_round < 1 or warmup < 0:
+    raise XrlflowError(f"need rounds >= 1, repeats_per_round >= 1 and warmup >= 0 (got "
+                       f"{rounds}, {repeats_per_round}, {warmup})")
   if not compiled:
     return []
   rng = np.random.default_rng(seed)
   for c in compiled:
     _time_compiled(c, "a graph", warmup=warmup, repeats=1)
-  times: list[list[float]] = [[] for _ in compiled]
-  for _ in range(max(rounds, 1)):
+  times: list[list[np.ndarray]] = [[] for _ in compiled]
+  for _ in range(rounds):
     for i in rng.permutation(len(compiled)):
-      t = _time_compiled(compiled[i], f"graph {i}", warmup=0, repeats=repeats_per_round,
-                         min_time_s=min_round_time_s)
-      times[i].extend(t.tolist())
-  return [_stats(np.asarray(t), c) for t, c in zip(times, compiled)]
+      times[i].append(_time_compiled(compiled[i], f"graph {i}", warmup=0,
+                                     repeats=repeats_per_round, min_time_s=min_round_time_s))
+  return times
+
+
+def stats_of(rounds: Sequence[np.ndarray], compiled: CompiledGraph) -> LatencyStats:
+  """LatencyStats of `compiled` over all runs of its rounds (`time_interleaved`'s times[g])."""
+  return _stats(np.concatenate([np.ravel(t) for t in rounds]), compiled)
+
+
+def measure_interleaved(compiled: Sequence[CompiledGraph], *, rounds: int = 10,
+                        repeats_per_round: int = 3, warmup: int = 2, seed: int = 0,
+                        min_round_time_s: float = 0.0) -> list[LatencyStats]:
+  """Latencies of several compiled graphs measured side by side (`time_interleaved`);
+  statistics pool all rounds (runs = rounds x repeats)."""
+  times = time_interleaved(compiled, rounds=rounds, repeats_per_round=repeats_per_round,
+                           warmup=warmup, seed=seed, min_round_time_s=min_round_time_s)
+  return [stats_of(t, c) for t, c in zip(times, compiled)]

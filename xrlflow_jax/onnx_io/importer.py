@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import dataclasses
 import heapq
+import math
 import os
 import time
 from typing import Any, Mapping, Sequence
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import onnx
@@ -103,6 +105,45 @@ def read_model(source: Any) -> tuple[onnx.ModelProto, str, str | None]:
   return model, label, base
 
 
+INT32_MAX = 2**31 - 1
+
+
+def _given_shape(given: Any, where: str) -> tuple[int, ...]:
+  """An `input_shapes` entry as ints in [1, 2^31 - 1] with at most 2^31 - 1 elements (the
+  graph stores sizes as int32); OnnxImportError naming the input otherwise."""
+  if isinstance(given, (str, bytes)) or not isinstance(given, Sequence):
+    raise OnnxImportError(f"{where}input_shapes must give a sequence of ints (e.g. (1, 3, 224, "
+                          f"224)), got {given!r}")
+  dims = []
+  for i, d in enumerate(given):
+    if isinstance(d, (bool, np.bool_)) or not isinstance(d, (int, np.integer)):
+      raise OnnxImportError(f"{where}input_shapes dim {i} is {d!r}, not an integer")
+    if not 1 <= int(d) <= INT32_MAX:
+      raise OnnxImportError(f"{where}input_shapes dim {i} is {int(d)}; dims must lie in "
+                            f"[1, {INT32_MAX}]")
+    dims.append(int(d))
+  if math.prod(dims) > INT32_MAX:
+    raise OnnxImportError(f"{where}input_shapes {dims} has {math.prod(dims)} elements, more "
+                          f"than {INT32_MAX} (the graph's int32 sizes)")
+  return tuple(dims)
+
+
+def _check_integer_range(value: np.ndarray, where: str) -> None:
+  """OnnxImportError when integer values do not fit the dtype JAX computes in (int64 becomes
+  int32 unless jax_enable_x64 is on): wrapping them would silently change the model."""
+  if not np.issubdtype(value.dtype, np.integer) or not value.size:
+    return
+  run = np.dtype(jax.dtypes.canonicalize_dtype(value.dtype))
+  if run == value.dtype:
+    return
+  info = np.iinfo(run)
+  lo, hi = int(value.min()), int(value.max())
+  if lo < info.min or hi > info.max:
+    raise OnnxImportError(f"{where}{value.dtype} values in [{lo}, {hi}] do not fit {run.name}, "
+                          f"which JAX computes {value.dtype.name} in without x64; enable "
+                          "jax_enable_x64 (JAX_ENABLE_X64=1) to import this model")
+
+
 def _input_shape(vi: onnx.ValueInfoProto, given: Sequence[int] | None, label: str) -> tuple[
     tuple[int, ...], np.dtype]:
   where = f"{label}: graph input '{vi.name}': "
@@ -113,12 +154,12 @@ def _input_shape(vi: onnx.ValueInfoProto, given: Sequence[int] | None, label: st
   if not tt.HasField("shape"):
     if given is None:
       raise OnnxImportError(f"{where}the file gives no shape; pass input_shapes={{'{vi.name}': "
-                            "(...)}}")
+                            f"(...)}} (on the command line: --input_shape={vi.name}=d0,d1,...)")
     dims = [None] * len(given)
   else:
     dims = [int(d.dim_value) if d.HasField("dim_value") else None for d in tt.shape.dim]
   if given is not None:
-    given = tuple(int(g) for g in given)
+    given = _given_shape(given, where)
     if len(given) != len(dims):
       raise OnnxImportError(f"{where}input_shapes gives rank {len(given)} ({list(given)}) but "
                             f"the input has rank {len(dims)}")
@@ -130,8 +171,9 @@ def _input_shape(vi: onnx.ValueInfoProto, given: Sequence[int] | None, label: st
   for i, d in enumerate(dims):
     if d is None:
       sym = tt.shape.dim[i].dim_param if tt.HasField("shape") else ""
-      raise OnnxImportError(f"{where}dim {i} is dynamic{f' ({sym!r})' if sym else ''}; pass "
-                            f"input_shapes={{'{vi.name}': (...)}} with a size for it")
+      raise OnnxImportError(f"{where}dim {i} is dynamic{f' ({sym!r})' if sym else ''}; give "
+                            f"its size with --input_shape={vi.name}=d0,d1,... (library: "
+                            f"input_shapes={{'{vi.name}': (d0, d1, ...)}})")
     if d < 1:
       raise OnnxImportError(f"{where}dim {i} is {d} (zero-size tensors are not supported)")
   if len(dims) > MAX_RANK:
@@ -320,6 +362,7 @@ class _Importer:
         raise OnnxImportError(f"{where}shape {list(c.value.shape)} is not supported (rank <= "
                               f"{MAX_RANK}, no zero-size dims)")
       del dtype
+      _check_integer_range(c.value, where)
       c.name = unique_name(c.name, self.const_names)
       try:
         c.tensor = self.b.constant(c.value, name=c.name)

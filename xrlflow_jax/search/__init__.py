@@ -12,8 +12,8 @@ Final API (stable; the pipeline in `xrlflow_jax/optimize.py` and the experiments
         random:  num_rollouts=16, steps=20
         policy:  agent, network_params (params or a RunnerState), env=None, steps=None,
                  num_samples=8, seed_index=None  (the ruleset is the agent's)
-      measure_options: passed to `guard.measure_pair` (rounds, repeats_per_round, warmup,
-        backend, seed).
+      measure_options: passed to `measure.compare` (rounds, repeats_per_round, warmup,
+        backend, seed); the guard keeps the graph found only when measured "faster".
 
   greedy(graph, params, expander, *, max_steps, measure, seed, measure_options) -> SearchResult
   taso(graph, params, expander, *, budget, alpha, max_children, max_queue, ...) -> SearchResult
@@ -49,7 +49,7 @@ from xrlflow_jax.search.result import METHODS, RewriteStep, SearchError, SearchR
 from xrlflow_jax.search import expand
 from xrlflow_jax.search.expand import (Children, Expander, Expansion, bucket_size, check_graph,
                                       replay)
-from xrlflow_jax.search.guard import finish, measure_pair
+from xrlflow_jax.search.guard import finish
 from xrlflow_jax.search.greedy import greedy
 from xrlflow_jax.search.backtracking import taso
 from xrlflow_jax.search.beam import beam
@@ -61,6 +61,5 @@ from xrlflow_jax.search.api import default_ruleset, get_expander, is_default, op
 __all__ = [
     "METHODS", "Children", "Expander", "Expansion", "bucket_size", "RewriteStep", "SearchError", "SearchResult", "beam",
     "check_graph", "default_ruleset", "finish", "get_expander", "greedy", "init_network", "is_default",
-    "measure_pair",
     "optimize", "policy", "policy_params", "random_search", "replay", "taso",
 ]

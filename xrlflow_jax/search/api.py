@@ -6,6 +6,7 @@ import inspect
 from typing import Any, Callable
 
 from xrlflow_jax import compilation_cache
+from xrlflow_jax.measure import check_settings, compare
 from xrlflow_jax.cost import model as cost_model
 from xrlflow_jax.graph import layout
 from xrlflow_jax.graph.params import ParamStore
@@ -79,15 +80,18 @@ def optimize(graph: layout.Graph, params: ParamStore, method: str = "taso",
     coeffs: cost-model coefficients (default: `cost.load_coefficients()` for this device).
     expander: a compiled Expander to reuse (overrides ruleset and coeffs).
     measure: time the input and the best graph side by side and return the input unless the
-      best is measurably faster (else the guard uses the modelled cost).
+      best is measured significantly faster (`measure.compare`; else the guard uses the
+      modelled cost).
     The result's options record `compile_seconds` (calls that traced: compiling, or loading
     from JAX's persistent compilation cache, which this turns on: `compilation_cache.enable`)
     and the number of `rules`.
-    seed: PRNG seed (random and policy). measure_options: see `guard.measure_pair`.
+    seed: PRNG seed (random and policy). measure_options: keyword options of
+      `measure.compare` (rounds, repeats_per_round, warmup, backend, seed), checked first.
     **options: the method's settings (see the package docstring), e.g. budget=, alpha= (taso),
       beam_width=, steps= (beam), agent=, network_params= (policy).
   Raises:
     SearchError: an unknown method or option, or a graph with no room to rewrite.
+    MeasurementError: measure_options that cannot give a verdict (before any search).
   """
   if method not in DRIVERS:
     raise SearchError(f"unknown search method {method!r}; choose one of {list(METHODS)}")
@@ -98,6 +102,8 @@ def optimize(graph: layout.Graph, params: ParamStore, method: str = "taso",
   if unknown:
     raise SearchError(f"unknown option(s) {unknown} for method {method!r}; it takes "
                       f"{sorted(set(allowed) - {'measure', 'seed', 'measure_options'})}")
+  if measure:
+    _check_measure_options(measure_options or {})
   if expander is None:
     if method == "policy":
       agent = options.get("agent")
@@ -118,3 +124,15 @@ def optimize(graph: layout.Graph, params: ParamStore, method: str = "taso",
   result.options["compile_seconds"] = expander.stats.compile_seconds - compiled_before
   result.options["rules"] = len(expander.ruleset)
   return result
+
+
+def _check_measure_options(options: dict[str, Any]) -> None:
+  """Unknown or invalid `measure.compare` options fail before the search runs."""
+  allowed = [p for p, v in inspect.signature(compare).parameters.items()
+             if v.kind is inspect.Parameter.KEYWORD_ONLY and p != "tolerance"]
+  unknown = sorted(set(options) - set(allowed))
+  if unknown:
+    raise SearchError(f"unknown measure option(s) {unknown}; measure.compare takes {allowed}")
+  defaults = {p: inspect.signature(compare).parameters[p].default
+              for p in ("rounds", "repeats_per_round", "warmup")}
+  check_settings(*(options.get(p, d) for p, d in defaults.items()))

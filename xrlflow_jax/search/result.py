@@ -10,6 +10,7 @@ import numpy as np
 
 from xrlflow_jax.cost.latency import LatencyStats
 from xrlflow_jax.errors import XrlflowError
+from xrlflow_jax.measure import Speedup
 from xrlflow_jax.graph import host as graph_host
 from xrlflow_jax.graph import layout
 
@@ -68,6 +69,8 @@ class SearchResult:
     found_cost_ms: modelled cost of the best graph the search found, before the guard.
     found_rewrites: number of rewrites of that graph (before the guard).
     options: the driver's settings (for reports).
+    measured: the measured verdict on the graph found (`measure.Speedup`), or None when not
+      measured or nothing was found.
   """
   method: str
   input_graph: layout.Graph
@@ -84,6 +87,7 @@ class SearchResult:
   found_cost_ms: float = float("nan")
   found_rewrites: int = 0
   options: dict[str, Any] = dataclasses.field(default_factory=dict)
+  measured: Speedup | None = None
 
   @property
   def modelled_speedup(self) -> float:
@@ -123,6 +127,7 @@ class SearchResult:
         "speedup": self.speedup,
         "input_latency": lat(self.input_latency),
         "best_latency": lat(self.best_latency),
+        "measured": None if self.measured is None else self.measured.to_json(),
         "returned_input": bool(self.returned_input),
         "rewrites": [r.to_json() for r in self.rewrites],
         "num_rewrites": len(self.rewrites),
@@ -147,8 +152,10 @@ class SearchResult:
                f"{self.best_latency.median_ms:.4f} ms (x{meas:.3f})")
     text += (f", {len(self.rewrites)} rewrites, {self.graphs_expanded} expanded, "
              f"{self.candidates_costed} costed, {self.seconds:.1f}s")
-    if self.returned_input:
-      text += " [input returned: the graph found was not faster]"
+    if self.measured is not None:
+      text += f" [found graph measured {self.measured.describe()}]"
+    if self.returned_input and self.found_rewrites:
+      text += " [input returned: the graph found was not measured faster]"
     return text
 
 

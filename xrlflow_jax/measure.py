@@ -1,0 +1,321 @@
+"""Evidence that a rewritten graph computes the same thing and is faster: the one home of the
+numerics comparison, side-by-side timing with a control copy, and the speedup verdict.
+
+    check = measure.check_numerics(original, optimised, params)      # NaN-aware
+    cmp = measure.compare(original, [optimised], params)             # interleaved, with control
+    cmp.speedups[0].verdict                                          # "faster" | "no change" | ...
+
+The statistic. Every graph is compiled once (the reference, an identical copy of it compiled
+separately as the control, each candidate) and timed in `rounds` interleaved rounds
+(`cost.latency.time_interleaved`: a fresh random order per round). The paired unit is the
+round: s_r = median(reference runs in round r) / median(candidate runs in round r). The speedup
+is the geometric mean of s_r over the rounds, with a 95% percentile-bootstrap interval
+(`RESAMPLES` resamples of the rounds, seeded). The control gets the same statistic
+(reference / copy), which shows how much two executables of one graph differ in this run.
+The verdict:
+  "faster"    the candidate's interval lies above 1 and above the control's interval;
+  "slower"    it lies below 1 and below the control's interval;
+  "no change" otherwise (the difference is inside what an identical copy shows);
+  "unchanged" the candidate has the reference's structural hash: it is not timed against itself.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Sequence
+
+import numpy as np
+
+from xrlflow_jax import executor
+from xrlflow_jax.cost import latency
+from xrlflow_jax.errors import XrlflowError
+from xrlflow_jax.graph import host as graph_host
+from xrlflow_jax.graph import layout
+from xrlflow_jax.graph.params import ParamStore
+
+DEFAULT_TOLERANCE = 1e-3
+LEVEL = 0.95
+RESAMPLES = 2000
+MIN_ROUNDS = 5
+VERDICTS = ("faster", "no change", "slower", "unchanged")
+
+
+class MeasurementError(XrlflowError):
+  """Invalid measurement settings (too few rounds, no repeats, a negative warm-up)."""
+
+
+class NumericsError(XrlflowError):
+  """The optimised graph computes something else than the original (nothing is written)."""
+
+
+# ----------------------------------------------------------------------------------------------
+# Numerics
+# ----------------------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class NumericsCheck:
+  """Outputs of the original and the optimised graph on the same inputs.
+
+  Attributes:
+    max_abs_error: max |a - b| over the finite entries of all outputs (NaN propagates);
+    max_rel_error: max |a - b| / (1 + |a|) likewise.
+    outputs: number of outputs compared; tolerance: the bound on max_rel_error.
+    passed: every output has the same shape, the same non-finite values in the same places and
+      max_rel_error <= tolerance.
+    nonfinite: what was found non-finite ("" when every value is finite): a mismatch (the check
+      fails) or non-finite values shared by both graphs at the same places (reported, allowed).
+  """
+  max_abs_error: float
+  max_rel_error: float
+  outputs: int
+  tolerance: float
+  passed: bool
+  nonfinite: str = ""
+
+  def describe(self) -> str:
+    """One line: PASS/FAIL, the errors, the tolerance, and any non-finite values."""
+    text = (f"{'PASS' if self.passed else 'FAIL'} on {self.outputs} output(s): max abs error "
+            f"{self.max_abs_error:.2e}, max rel error {self.max_rel_error:.2e} (tolerance "
+            f"{self.tolerance:.0e})")
+    return text + (f"; {self.nonfinite}" if self.nonfinite else "")
+
+
+def _nan_max(current: float, value: float) -> float:
+  """max() that propagates NaN (Python's max(0.0, nan) is 0.0)."""
+  return value if math.isnan(value) or value > current else current
+
+
+def compare_outputs(reference: Sequence[Any], candidate: Sequence[Any], *,
+                    tolerance: float = DEFAULT_TOLERANCE) -> NumericsCheck:
+  """Compares two graphs' outputs (arrays in output order).
+
+  Integer and boolean outputs must be equal; float outputs must agree to
+  max |a - b| / (1 + |a|) <= tolerance on their finite entries and carry the same NaN and
+  +-Inf at the same places. NumericsError when the count or a shape differs.
+  """
+  if len(reference) != len(candidate):
+    raise NumericsError(f"the optimised graph has {len(candidate)} outputs, the original "
+                        f"{len(reference)}")
+  if not (tolerance >= 0):
+    raise MeasurementError(f"the numerics tolerance must be >= 0, got {tolerance}")
+  max_abs = max_rel = 0.0
+  notes: list[str] = []
+  ok = True
+  for i, (a, b) in enumerate(zip(reference, candidate)):
+    a, b = np.asarray(a), np.asarray(b)
+    if a.shape != b.shape:
+      raise NumericsError(f"output {i} has shape {list(b.shape)} in the optimised graph, "
+                          f"{list(a.shape)} in the original")
+    if not a.size:
+      continue
+    if not (np.issubdtype(a.dtype, np.inexact) or np.issubdtype(b.dtype, np.inexact)):
+      differ = a != b
+      if differ.any():
+        ok = False
+        wide = np.abs(a.astype(np.float64) - b.astype(np.float64))[differ]
+        max_abs = _nan_max(max_abs, float(wide.max()))
+        max_rel = _nan_max(max_rel, float((wide / (1.0 + np.abs(a.astype(np.float64))[differ]))
+                                          .max()))
+        notes.append(f"output {i}: {int(differ.sum())} integer value(s) differ")
+      continue
+    a, b = a.astype(np.float64), b.astype(np.float64)
+    fa, fb = np.isfinite(a), np.isfinite(b)
+    same_special = (~fa & ~fb) & ((a == b) | (np.isnan(a) & np.isnan(b)))
+    bad = ~(fa & fb) & ~same_special
+    if bad.any():
+      ok = False
+      where = "the optimised graph" if (~fb & fa).any() else "the original"
+      notes.append(f"output {i}: {int(bad.sum())} non-finite value(s) in {where} where the "
+                   "other graph differs")
+      max_abs = max_rel = float("nan")
+    elif same_special.any():
+      notes.append(f"output {i}: {int(same_special.sum())} non-finite value(s) in both graphs "
+                   "at the same places")
+    both = fa & fb
+    if both.any():
+      diff = np.abs(a[both] - b[both])
+      max_abs = _nan_max(max_abs, float(diff.max()))
+      max_rel = _nan_max(max_rel, float((diff / (1.0 + np.abs(a[both]))).max()))
+  passed = bool(ok and max_rel <= tolerance)  # NaN compares False
+  return NumericsCheck(max_abs, max_rel, len(reference), float(tolerance), passed,
+                       "; ".join(notes))
+
+
+def check_numerics(reference: layout.Graph, candidate: layout.Graph, params: ParamStore, *,
+                   seed: int = 0, tolerance: float = DEFAULT_TOLERANCE) -> NumericsCheck:
+  """Runs both graphs on the same random inputs (`executor.lower(...).random_inputs(seed)`)
+  and compares every output (`compare_outputs`)."""
+  ref = executor.lower(reference, params)
+  new = executor.lower(candidate, params)
+  inputs = ref.random_inputs(seed)
+  return compare_outputs(ref(*inputs), new(*inputs), tolerance=tolerance)
+
+
+# ----------------------------------------------------------------------------------------------
+# Speedup
+# ----------------------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class Speedup:
+  """A candidate's measured speedup over the reference (see the module docstring).
+
+  Attributes:
+    ratio: reference time / candidate time, geometric mean over rounds (> 1: faster);
+    low, high: its bootstrap interval at `level`.
+    control_ratio, control_low, control_high: the same for the identical copy (NaN when none).
+    verdict: one of VERDICTS; rounds: paired rounds.
+  """
+  ratio: float
+  low: float
+  high: float
+  control_ratio: float
+  control_low: float
+  control_high: float
+  verdict: str
+  level: float
+  rounds: int
+
+  @classmethod
+  def unchanged(cls) -> "Speedup":
+    nan = float("nan")
+    return cls(1.0, 1.0, 1.0, nan, nan, nan, "unchanged", LEVEL, 0)
+
+  @property
+  def faster(self) -> bool:
+    return self.verdict == "faster"
+
+  def describe(self) -> str:
+    """"x1.089 [1.021, 1.160] (95%; control x1.002 [0.990, 1.013]): faster"."""
+    if self.verdict == "unchanged":
+      return "unchanged graph (not timed against itself)"
+    text = f"x{self.ratio:.3f} [{self.low:.3f}, {self.high:.3f}] ({100 * self.level:.0f}%"
+    if math.isfinite(self.control_ratio):
+      text += (f"; identical copy x{self.control_ratio:.3f} [{self.control_low:.3f}, "
+               f"{self.control_high:.3f}]")
+    return text + f"): {self.verdict}"
+
+  def to_json(self) -> dict[str, Any]:
+    return {k: (None if isinstance(v, float) and not math.isfinite(v) else v)
+            for k, v in dataclasses.asdict(self).items()}
+
+
+def _interval(log_ratios: np.ndarray, idx: np.ndarray, level: float
+              ) -> tuple[float, float, float]:
+  """(geometric mean, low, high) of exp(log_ratios) over bootstrap resamples `idx` [B, R]."""
+  means = log_ratios[idx].mean(axis=1)
+  tail = 100 * (1 - level) / 2
+  lo, hi = np.percentile(means, [tail, 100 - tail])
+  return float(np.exp(log_ratios.mean())), float(np.exp(lo)), float(np.exp(hi))
+
+
+def speedup(reference_ms: np.ndarray, candidate_ms: np.ndarray,
+            control_ms: np.ndarray | None = None, *, level: float = LEVEL,
+            resamples: int = RESAMPLES, seed: int = 0) -> Speedup:
+  """The verdict from per-round medians (float64[R] each, paired by round)."""
+  ref = np.asarray(reference_ms, np.float64)
+  cand = np.asarray(candidate_ms, np.float64)
+  rounds = ref.shape[0]
+  if rounds < MIN_ROUNDS or cand.shape != ref.shape:
+    raise MeasurementError(f"a speedup verdict needs >= {MIN_ROUNDS} paired rounds (got "
+                           f"{rounds} and {cand.shape[0]})")
+  idx = np.random.default_rng(seed).integers(0, rounds, size=(resamples, rounds))
+  ratio, low, high = _interval(np.log(ref / cand), idx, level)
+  c_ratio = c_low = c_high = float("nan")
+  verdict = "no change"
+  if control_ms is not None:
+    c_ratio, c_low, c_high = _interval(np.log(ref / np.asarray(control_ms, np.float64)), idx,
+                                       level)
+  above = max(1.0, c_high) if math.isfinite(c_high) else 1.0
+  below = min(1.0, c_low) if math.isfinite(c_low) else 1.0
+  if low > above:
+    verdict = "faster"
+  elif high < below:
+    verdict = "slower"
+  return Speedup(ratio, low, high, c_ratio, c_low, c_high, verdict, float(level), int(rounds))
+
+
+@dataclasses.dataclass(frozen=True)
+class Comparison:
+  """Candidates measured against a reference in the same interleaved rounds.
+
+  Attributes:
+    reference: the reference's LatencyStats; control: its identical copy's (None when every
+      candidate is unchanged, then nothing was compared).
+    candidates: LatencyStats per candidate (the reference's own for unchanged ones).
+    speedups: Speedup per candidate.
+    numerics: NumericsCheck per candidate (outputs of the compiled executables on the same
+      inputs), or None when not asked for.
+  """
+  reference: latency.LatencyStats
+  control: latency.LatencyStats | None
+  candidates: list[latency.LatencyStats]
+  speedups: list[Speedup]
+  numerics: list[NumericsCheck] | None = None
+
+
+def check_settings(rounds: int, repeats_per_round: int, warmup: int = 0) -> None:
+  """MeasurementError naming the setting when the timing settings cannot give a verdict."""
+  if int(rounds) != rounds or rounds < MIN_ROUNDS:
+    raise MeasurementError(f"latency rounds must be an integer >= {MIN_ROUNDS} (the verdict is "
+                           f"a paired statistic over rounds), got {rounds}")
+  if int(repeats_per_round) != repeats_per_round or repeats_per_round < 1:
+    raise MeasurementError(f"repeats per round must be an integer >= 1, got "
+                           f"{repeats_per_round}")
+  if int(warmup) != warmup or warmup < 0:
+    raise MeasurementError(f"warm-up runs must be an integer >= 0, got {warmup}")
+
+
+def compare(reference: layout.Graph, candidates: Sequence[layout.Graph], params: ParamStore, *,
+            rounds: int = 10, repeats_per_round: int = 3, warmup: int = 2,
+            backend: str | None = None, seed: int = 0, tolerance: float | None = None
+            ) -> Comparison:
+  """Times `candidates` against `reference` side by side, with an identical copy as control.
+
+  Candidates with the reference's structural hash are "unchanged" and not timed; candidates
+  equal to each other are compiled once. With `tolerance`, each candidate's outputs (of its
+  compiled executable, same random inputs as the reference) are compared too.
+
+  Raises:
+    MeasurementError: bad settings. BackendError, DeviceMemoryError: see `cost.latency`.
+  """
+  check_settings(rounds, repeats_per_round, warmup)
+  device = latency.resolve_device(backend)
+  ref_hash = graph_host.structural_hash(reference)
+  hashes = [graph_host.structural_hash(g) for g in candidates]
+  unique: dict[str, layout.Graph] = {}
+  for h, g in zip(hashes, candidates):
+    if h != ref_hash and h not in unique:
+      unique[h] = g
+  compiled = [latency.compile_graph(reference, params, device=device, seed=seed,
+                                    what="the reference graph")]
+  if unique:
+    compiled.append(latency.compile_graph(reference, params, device=device, seed=seed,
+                                          what="the reference's identical copy"))
+  for i, g in enumerate(unique.values()):
+    compiled.append(latency.compile_graph(g, params, device=device, seed=seed,
+                                          what=f"candidate {i}"))
+  times = latency.time_interleaved(compiled, rounds=rounds, repeats_per_round=repeats_per_round,
+                                   warmup=warmup, seed=seed)
+  stats = [latency.stats_of(t, c) for t, c in zip(times, compiled)]
+  medians = [np.array([np.median(r) for r in t]) for t in times]
+  by_hash: dict[str, tuple[latency.LatencyStats, Speedup, int]] = {}
+  for k, h in enumerate(unique):
+    j = k + 2
+    by_hash[h] = (stats[j], speedup(medians[0], medians[j], medians[1], seed=seed), j)
+  cand_stats, speedups = [], []
+  for h in hashes:
+    if h == ref_hash:
+      cand_stats.append(stats[0])
+      speedups.append(Speedup.unchanged())
+    else:
+      cand_stats.append(by_hash[h][0])
+      speedups.append(by_hash[h][1])
+  numerics = None
+  if tolerance is not None:
+    outputs = [c.fn(*c.args) for c in compiled]
+    numerics = []
+    for h in hashes:
+      j = 0 if h == ref_hash else by_hash[h][2]
+      numerics.append(compare_outputs(outputs[0], outputs[j], tolerance=tolerance))
+  return Comparison(stats[0], stats[1] if unique else None, cand_stats, speedups, numerics)
