@@ -14,9 +14,12 @@ throughput (steps/s of a random valid-action policy, vmapped over --env_envs env
 
 Every method uses the same rules (--rules, --max_locations) and cost model. All graphs of a
 model, original included, are compiled and timed interleaved in one process
-(`cost.measure_interleaved`: --rounds rounds of --repeats_per_round runs each, in a fresh
-random order per round), and each graph's outputs are compared with the original's. A method
-that fails keeps its row with n/a and the error in the note.
+(`measure.compare`: --rounds rounds of --repeats_per_round runs each, in a fresh random order
+per round, with an identical copy of the original as control); each measured speedup comes with
+its 95% bootstrap interval and a verdict (faster / no change / slower / unchanged), and each
+graph's outputs are compared with the original's. A method that fails, or whose outputs differ,
+keeps its row with n/a and the reason in the note, and the binary exits 1 after writing the
+tables (--allow_failures: exit 0).
 
 Writes to --output: benchmark.md (machine/backend/date header and the table), benchmark.csv,
 speedup.png (measured speedup per model per method; needs matplotlib) and prints the table.
@@ -33,6 +36,7 @@ from typing import Any
 from absl import app, flags
 
 from experiments.configs import ppo as ppo_configs
+from xrlflow_jax.errors import XrlflowError
 
 _MODELS = flags.DEFINE_list("models", [], "Zoo names, ONNX paths or ../shared/models stems "
                             "(default: every zoo model and every ../shared/models file).")
@@ -41,6 +45,9 @@ _METHODS = flags.DEFINE_list("methods", ["greedy", "taso", "beam", "random", "pp
                              "Methods: greedy, taso, beam, random, ppo.")
 _OUTPUT = flags.DEFINE_string("output", "benchmark_results", "Output directory.")
 _QUICK = flags.DEFINE_bool("quick", False, "Two tiny models, cheap budgets.")
+_ALLOW_FAILURES = flags.DEFINE_bool(
+    "allow_failures", False, "Exit 0 even when a row failed (a model that did not load, a "
+    "method that raised, outputs that differ); the tables record each failure either way.")
 _RULES = flags.DEFINE_list("rules", list(ppo_configs.DEFAULT_RULES),
                            "Built-in rule names, or 'all' (every method uses these).")
 _LOCATIONS = flags.DEFINE_integer("max_locations", 16, "Locations kept per rule.")
@@ -71,7 +78,7 @@ QUICK = {"size": "tiny", "capacity": -1, "rules": ["merge_conv_shared_input_bias
                                                    "matmul_gelu_fuse", "add_commute"],
          "max_locations": 4, "greedy_steps": 8, "taso_budget": 6, "beam_width": 2,
          "beam_steps": 3, "random_rollouts": 2, "random_steps": 4, "ppo_timesteps": 4 * 4 * 2,
-         "ppo_horizon": 6, "rounds": 3, "repeats_per_round": 2, "env_envs": 4, "env_steps": 4}
+         "ppo_horizon": 6, "rounds": 5, "repeats_per_round": 1, "env_envs": 4, "env_steps": 4}
 
 
 def _opt(name: str) -> Any:
@@ -106,7 +113,8 @@ COLUMNS = [("model", "model", ""), ("nodes_in", "nodes", ""), ("env_steps_per_s"
            ("method", "method", ""), ("nodes", "nodes out", ""),
            ("modelled_speedup", "modelled speedup", ".3f"),
            ("latency_ms", "latency ms (median)", ".4f"), ("latency_iqr_ms", "IQR ms", ".4f"),
-           ("measured_speedup", "measured speedup", ".3f"), ("seconds", "opt time s", ".1f"),
+           ("measured_speedup", "measured speedup", ".3f"), ("speedup_low", "95% low", ".3f"),
+           ("speedup_high", "95% high", ".3f"), ("verdict", "verdict", ""), ("seconds", "opt time s", ".1f"),
            ("rewrites", "rewrites", ""), ("max_rel_error", "max rel err", ".1e"),
            ("note", "note", "")]
 
@@ -143,12 +151,12 @@ def benchmark_model(spec, ruleset, coeffs, methods: list[str]) -> list[dict[str,
     print(f"  {method}: modelled {out.modelled_cost:.4f} ms in {out.seconds:.1f}s "
           f"{out.note}", flush=True)
     outcomes.append(out)
-  orig_stats, stats, errors = B.measure_side_by_side(
+  measured = B.measure_side_by_side(
       graph, params, [o.graph for o in outcomes], rounds=_opt("rounds"),
       repeats_per_round=_opt("repeats_per_round"))
   base = {"model": spec.label, "nodes_in": G.num_nodes(graph),
           "env_steps_per_s": steps_per_s}
-  return B.outcome_rows(base, original, outcomes, orig_stats, stats, errors)
+  return B.outcome_rows(base, original, outcomes, measured)
 
 
 def main(argv: list[str]) -> None:
@@ -175,10 +183,9 @@ def main(argv: list[str]) -> None:
   for spec in specs:
     try:
       rows.extend(benchmark_model(spec, ruleset, coeffs, methods))
-    except Exception as e:  # pylint: disable=broad-except
-      print(f"  {spec.label}: skipped ({type(e).__name__}: {str(e)[:200]})", flush=True)
-      rows.append({"model": spec.label, "method": "original",
-                   "note": f"skipped: {type(e).__name__}: {str(e)[:160]}"})
+    except XrlflowError as e:  # a model this project refuses: a failed row with its reason
+      print(f"  {spec.label}: failed ({type(e).__name__}: {str(e)[:200]})", flush=True)
+      rows.append(B.failed_row({"model": spec.label}, e))
   table = B.markdown_table(rows, COLUMNS)
   text = (f"{header}\n\nSpeedups are original / method; measured = XLA latency timed side by "
           f"side in this process, modelled = the cost model.\n\n{table}\n")
@@ -191,6 +198,8 @@ def main(argv: list[str]) -> None:
   else:
     print(f"\nwrote {out_dir / 'benchmark.md'}, benchmark.csv (speedup.png skipped: matplotlib "
           "is not installed)")
+
+  B.exit_on_failures(rows, allow=_ALLOW_FAILURES.value)
 
 
 if __name__ == "__main__":

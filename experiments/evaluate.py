@@ -19,10 +19,13 @@ Capacity: the policy network itself works for any number of node slots, but the 
 environment, its rule set and the batched rollouts are compiled for one capacity, so every
 graph (training and evaluation) is built at ONE capacity: --capacity, or (0) the largest
 default capacity of all the models, or (-1) 1.5 x the largest node count. A graph that does not
-load (e.g. an ONNX export whose Reshape constants pin batch 1) keeps a row saying why.
+load (e.g. an ONNX export whose Reshape constants pin batch 1) keeps a row saying why, and the
+binary exits 1 after writing the tables when any row failed (--allow_failures: exit 0).
 
 Each model's original graph and every method's graph are compiled and timed side by side
-(interleaved) in one process, outputs checked against the original. Writes to --output:
+(interleaved, with an identical copy of the original as control: `measure.compare`, a 95%
+interval and a verdict per speedup) in one process, outputs checked against the original.
+Writes to --output:
 evaluate.md (machine/backend/date header, training summary, table), evaluate.csv,
 training.csv (the PPO metrics per update), speedup.png (measured speedup per graph per method).
 """
@@ -35,6 +38,7 @@ from typing import Any
 from absl import app, flags
 
 from experiments.configs import ppo as ppo_configs
+from xrlflow_jax.errors import XrlflowError
 
 _TRAIN = flags.DEFINE_list("train_models", ["squeezenet1_1", "resnet18"],
                            "Models PPO trains on (zoo names, ONNX paths, shared stems).")
@@ -46,6 +50,9 @@ _BATCHES = flags.DEFINE_list("eval_batch_sizes", [], "Extra batch=N variants (ON
 _SIZE = flags.DEFINE_enum("size", "default", ["default", "tiny"], "Zoo model size.")
 _OUTPUT = flags.DEFINE_string("output", "evaluate_results", "Output directory.")
 _QUICK = flags.DEFINE_bool("quick", False, "Tiny models, a few PPO updates, cheap budgets.")
+_ALLOW_FAILURES = flags.DEFINE_bool(
+    "allow_failures", False, "Exit 0 even when a row failed (a model that did not load, a "
+    "method that raised, outputs that differ); the tables record each failure either way.")
 _RULES = flags.DEFINE_list("rules", list(ppo_configs.DEFAULT_RULES), "Rule names or 'all'.")
 _LOCATIONS = flags.DEFINE_integer("max_locations", 16, "Locations kept per rule.")
 _CAPACITY = flags.DEFINE_integer("capacity", 0, "Node slots of every graph (0: the largest "
@@ -65,13 +72,14 @@ QUICK = {"train_models": ["squeezenet1_1"], "eval_models": ["resnet18"],
          "rules": ["merge_conv_shared_input_bias", "enlarge_conv_kernel_bias_sib_bias",
                    "conv_bias_relu_fuse"],
          "max_locations": 4, "train_timesteps": 4 * 4 * 2, "horizon": 6, "samples": 2,
-         "greedy_steps": 6, "taso_budget": 4, "rounds": 2, "repeats_per_round": 2}
+         "greedy_steps": 6, "taso_budget": 4, "rounds": 5, "repeats_per_round": 1}
 
 COLUMNS = [("model", "model", ""), ("shape", "shape", ""), ("seen", "seen in training", ""),
            ("nodes_in", "nodes", ""), ("method", "method", ""),
            ("modelled_speedup", "modelled speedup", ".3f"),
            ("latency_ms", "latency ms (median)", ".4f"),
-           ("measured_speedup", "measured speedup", ".3f"), ("seconds", "time s", ".1f"),
+           ("measured_speedup", "measured speedup", ".3f"), ("speedup_low", "95% low", ".3f"),
+           ("speedup_high", "95% high", ".3f"), ("verdict", "verdict", ""), ("seconds", "time s", ".1f"),
            ("max_rel_error", "max rel err", ".1e"), ("note", "note", "")]
 
 
@@ -133,12 +141,12 @@ def evaluate_graph(policy, spec, seen: str, graph, params, coeffs) -> list[dict[
   for o in outcomes:
     print(f"  {o.method}: modelled x{original.modelled_cost / o.modelled_cost:.3f} in "
           f"{o.seconds:.1f}s {o.note}", flush=True)
-  orig_stats, stats, errors = B.measure_side_by_side(
+  measured = B.measure_side_by_side(
       graph, params, [o.graph for o in outcomes], rounds=_opt("rounds"),
       repeats_per_round=_opt("repeats_per_round"))
   base = {"model": spec.label, "shape": spec.shape_label, "seen": seen,
           "nodes_in": G.num_nodes(graph)}
-  return B.outcome_rows(base, original, outcomes, orig_stats, stats, errors)
+  return B.outcome_rows(base, original, outcomes, measured)
 
 
 def main(argv: list[str]) -> None:
@@ -176,18 +184,17 @@ def main(argv: list[str]) -> None:
   for (spec, seen), item in zip(evals, eval_loaded):
     if isinstance(item, Exception):
       print(f"\n## {spec.label} [{spec.shape_label}]: skipped ({type(item).__name__})")
-      rows.append({"model": spec.label, "shape": spec.shape_label, "seen": seen,
-                   "method": "original", "note": f"not loaded: {type(item).__name__}: "
-                                                 f"{str(item).splitlines()[0][:160]}"})
+      rows.append(B.failed_row({"model": spec.label, "shape": spec.shape_label, "seen": seen},
+                               item, "not loaded"))
       continue
     graph, params = item
     print(f"\n## {spec.label} [{spec.shape_label}] (seen: {seen}): {G.num_nodes(graph)} nodes",
           flush=True)
     try:
       rows.extend(evaluate_graph(policy, spec, seen, graph, params, coeffs))
-    except Exception as e:  # pylint: disable=broad-except
-      rows.append({"model": spec.label, "shape": spec.shape_label, "seen": seen,
-                   "method": "original", "note": f"failed: {type(e).__name__}: {str(e)[:160]}"})
+    except XrlflowError as e:  # refused by the project: a failed row with its reason
+      rows.append(B.failed_row({"model": spec.label, "shape": spec.shape_label, "seen": seen},
+                               e))
   train_line = (f"- PPO trained on {[s.label for s in train_specs]} for {policy.env_steps} "
                 f"steps in {policy.seconds:.1f}s (compile included); evaluation without further "
                 f"training")
@@ -203,6 +210,8 @@ def main(argv: list[str]) -> None:
                         title="measured speedup on seen and unseen graphs (x)")
   print(f"\nwrote {out_dir / 'evaluate.md'}, evaluate.csv, training.csv"
         + (", speedup.png" if png else " (speedup.png skipped: matplotlib is not installed)"))
+
+  B.exit_on_failures(rows, allow=_ALLOW_FAILURES.value)
 
 
 if __name__ == "__main__":

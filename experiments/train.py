@@ -27,7 +27,7 @@ import numpy as np
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from xrlflow_jax import compilation_cache, cost, executor
+from xrlflow_jax import compilation_cache, measure
 from xrlflow_jax import graph as G
 from xrlflow_jax.agents import METRICS, checkpoint, runs, summaries
 
@@ -95,8 +95,9 @@ def _best_over_seeds(state: Any, seeded: bool):
   return (best_cost[s, g], jax.tree_util.tree_map(lambda a: a[s, g], graphs), initial[0])
 
 
-def _report_best(run: runs.Run, state: Any, seeded: bool, workdir: Path, repeats: int) -> dict:
-  """Validates, checks numerics of and times the initial and best graph of every pool graph."""
+def _report_best(run: runs.Run, state: Any, seeded: bool, workdir: Path, rounds: int) -> dict:
+  """Validates, checks numerics of and times (side by side, `measure.compare` with `rounds`
+  rounds; 0: not timed) the initial and best graph of every pool graph."""
   best_cost, graphs, initial = _best_over_seeds(state, seeded)
   results = []
   dumps = []
@@ -104,24 +105,19 @@ def _report_best(run: runs.Run, state: Any, seeded: bool, workdir: Path, repeats
     best = jax.tree_util.tree_map(lambda a, i=i: a[i], graphs)
     params = run.params[i]
     G.validate(best, params)
-    ref = executor.lower(run.graphs[i], params)
-    new = executor.lower(best, params)
-    inputs = ref.random_inputs(0)
-    max_err = 0.0
-    for a, b in zip(ref(*inputs), new(*inputs)):
-      a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-      max_err = max(max_err, float(np.max(np.abs(a - b) / (1.0 + np.abs(a)))) if a.size else 0.0)
+    check = measure.check_numerics(run.graphs[i], best, params)
     row = {"graph": name, "initial_cost_ms": float(initial[i]), "best_cost_ms": float(best_cost[i]),
            "modelled_speedup": float(initial[i] / best_cost[i]),
            "nodes_initial": G.num_nodes(run.graphs[i]), "nodes_best": G.num_nodes(best),
-           "max_rel_error": max_err}
-    if repeats > 0:
-      lat0 = cost.measure_latency(run.graphs[i], params, repeats=repeats)
-      lat1 = cost.measure_latency(best, params, repeats=repeats)
+           "max_rel_error": check.max_rel_error, "numerics_passed": check.passed,
+           "numerics": check.describe()}
+    if rounds > 0:
+      cmp = measure.compare(run.graphs[i], [best], params, rounds=rounds)
+      lat0, lat1, verdict = cmp.reference, cmp.candidates[0], cmp.speedups[0]
       row.update({"initial_latency_ms": lat0.median_ms, "best_latency_ms": lat1.median_ms,
                   "initial_latency_iqr_ms": lat0.iqr_ms, "best_latency_iqr_ms": lat1.iqr_ms,
-                  "measured_speedup": lat0.median_ms / lat1.median_ms,
-                  "device": lat1.device_kind})
+                  "measured_speedup": verdict.ratio, "measured": verdict.to_json(),
+                  "measured_text": verdict.describe(), "device": lat1.device_kind})
     results.append(row)
     dumps.append(f"# {name}: best graph found (modelled cost {best_cost[i]:.5f} ms)\n"
                  + G.dump(best))
@@ -134,7 +130,14 @@ def main(argv: list[str]) -> None:
   if not flags.FLAGS["verbosity"].present:
     logging.set_verbosity(logging.WARNING)  # orbax logs every checkpoint step at INFO
   config = _CONFIG.value
+  if int(config.latency_rounds):
+    try:
+      measure.check_settings(int(config.latency_rounds), 3)
+    except measure.MeasurementError as e:
+      raise app.UsageError(f"--config.latency_rounds: {e} (0 skips the timing)") from None
   workdir = Path(_WORKDIR.value)
+  if workdir.exists() and not workdir.is_dir():
+    raise app.UsageError(f"--workdir {str(workdir)!r} is an existing file, not a folder")
   workdir.mkdir(parents=True, exist_ok=True)
   compilation_cache.enable(_CACHE.value or None)
   (workdir / "config.json").write_text(config.to_json_best_effort(indent=2))
@@ -210,20 +213,23 @@ def main(argv: list[str]) -> None:
   if summaries.plot_curves(workdir / "metrics.csv", workdir / "curves.png"):
     print(f"training curve: {workdir / 'curves.png'}")
 
-  report = _report_best(run, state, seeded, workdir, int(config.latency_repeats))
+  report = _report_best(run, state, seeded, workdir, int(config.latency_rounds))
   report.update({"updates": done, "env_steps": done * cfg.batch_size, "seeds": seeds,
                  "parameters": n_params})
   (workdir / "results.json").write_text(json.dumps(report, indent=2) + "\n")
   for r in report["graphs"]:
     line = (f"{r['graph']}: modelled cost {r['initial_cost_ms']:.4f} -> {r['best_cost_ms']:.4f} "
             f"ms (x{r['modelled_speedup']:.3f}), nodes {r['nodes_initial']} -> {r['nodes_best']}, "
-            f"outputs {'agree' if r['max_rel_error'] < 1e-3 else 'DISAGREE'} (max rel err "
-            f"{r['max_rel_error']:.1e})")
+            f"numerics {r['numerics']}")
     if "best_latency_ms" in r:
       line += (f"; measured {r['initial_latency_ms']:.4f} -> {r['best_latency_ms']:.4f} ms "
-               f"(x{r['measured_speedup']:.3f}) on {r['device']}")
+               f"({r['measured_text']}) on {r['device']}")
     print(line)
   print(f"best graph: {workdir / 'best_graph.txt'}; results: {workdir / 'results.json'}")
+  wrong = [r["graph"] for r in report["graphs"] if not r["numerics_passed"]]
+  if wrong:
+    raise SystemExit(f"error: the best graph of {wrong} computes something else than the "
+                     "original (see numerics above and results.json)")
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ graph's outputs are compared with the original's on the same random inputs. Mode
     ruleset = B.make_ruleset(["all"], max_locations=16)
     coeffs = cost.load_coefficients()
     out = B.run_search("greedy", graph, params, ruleset, coeffs, {"max_steps": 20})
-    original_stats, stats, errors = B.measure_side_by_side(graph, params, [out.graph])
+    measured = B.measure_side_by_side(graph, params, [out.graph])  # verdict, numerics
 
 The optimisation packages (`xrlflow_jax.search`, the PPO trainer) are imported lazily, so this
 module imports cheaply.
@@ -34,7 +34,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from xrlflow_jax import cost, models
+from xrlflow_jax import cost, measure, models
 from xrlflow_jax import graph as G
 from xrlflow_jax.errors import XrlflowError
 from xrlflow_jax.graph import Graph, GraphBuilder, ParamStore
@@ -382,8 +382,9 @@ def run_search(method: str, graph: Graph, params: ParamStore, ruleset, coeffs, o
 
 def failed(method: str, error: Exception, seconds: float = 0.0) -> Outcome:
   """An Outcome for a method that raised (the report keeps the row, honestly empty)."""
-  first = (str(error).strip().splitlines() or [type(error).__name__])[0]
-  return Outcome(method, None, float("nan"), seconds, None, f"{type(error).__name__}: {first[:160]}")
+  first = (str(error).strip().splitlines() or [""])[0]
+  return Outcome(method, None, float("nan"), seconds, None,
+                 f"failed: {type(error).__name__}: {first[:160]}")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -528,44 +529,43 @@ def policy_outcomes(policy: TrainedPolicy, graph: Graph, *, samples: int = 8,
 # Measurement
 # ----------------------------------------------------------------------------------------------
 
-def _max_rel_error(ref: Sequence[Any], new: Sequence[Any]) -> float:
-  err = 0.0
-  for a, b in zip(ref, new):
-    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    if a.size:
-      err = max(err, float(np.max(np.abs(a - b) / (1.0 + np.abs(a)))))
-  return err
+@dataclasses.dataclass(frozen=True)
+class Measured:
+  """Outcomes' graphs measured against the original (`measure_side_by_side`).
+
+  Attributes:
+    original: the original's LatencyStats.
+    stats, speedups, numerics: per graph (None where the graph is None): LatencyStats,
+      `measure.Speedup` (verdict with its interval) and `measure.NumericsCheck`.
+  """
+  original: cost.LatencyStats
+  stats: list[cost.LatencyStats | None]
+  speedups: list[measure.Speedup | None]
+  numerics: list[measure.NumericsCheck | None]
 
 
 def measure_side_by_side(original: Graph, params: ParamStore,
                          graphs: Sequence[Graph | None], *, rounds: int = 10,
-                         repeats_per_round: int = 3, backend: str | None = None,
-                         ) -> tuple[cost.LatencyStats, list[cost.LatencyStats | None],
-                                    list[float]]:
-  """Latency of `original` and of each graph, timed interleaved in one process.
-
-  Identical graphs (same structural hash) are compiled once. Each graph's outputs are compared
-  with the original's on the same random inputs (max |a - b| / (1 + |a|)).
-  Returns (original stats, stats per graph (None where the graph is None), max relative error
-  per graph (nan where None)).
-  """
-  keys, unique = [], {}
-  for g in [original, *graphs]:
+                         repeats_per_round: int = 3, backend: str | None = None) -> Measured:
+  """Latency of `original` and of each graph, timed interleaved in one process with an
+  identical copy of the original as control (`measure.compare`), and each graph's outputs
+  compared with the original's on the same random inputs."""
+  present = [g for g in graphs if g is not None]
+  for g in present:
+    G.validate(g, params)
+  cmp = measure.compare(original, present, params, rounds=rounds,
+                        repeats_per_round=repeats_per_round, backend=backend,
+                        tolerance=measure.DEFAULT_TOLERANCE)
+  stats, speedups, numerics = [], [], []
+  k = 0
+  for g in graphs:
     if g is None:
-      keys.append(None)
+      stats.append(None), speedups.append(None), numerics.append(None)
       continue
-    h = G.structural_hash(g)
-    keys.append(h)
-    if h not in unique:
-      G.validate(g, params)
-      unique[h] = cost.compile_graph(g, params, backend=backend, what=f"graph {len(unique)}")
-  order = list(unique)
-  stats = dict(zip(order, cost.measure_interleaved([unique[h] for h in order], rounds=rounds,
-                                                    repeats_per_round=repeats_per_round)))
-  outputs = {h: c.fn(*c.args) for h, c in unique.items()}
-  ref = outputs[keys[0]]
-  errors = [float("nan") if h is None else _max_rel_error(ref, outputs[h]) for h in keys[1:]]
-  return stats[keys[0]], [None if h is None else stats[h] for h in keys[1:]], errors
+    stats.append(cmp.candidates[k]), speedups.append(cmp.speedups[k])
+    numerics.append(cmp.numerics[k])
+    k += 1
+  return Measured(cmp.reference, stats, speedups, numerics)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -573,28 +573,57 @@ def measure_side_by_side(original: Graph, params: ParamStore,
 # ----------------------------------------------------------------------------------------------
 
 def outcome_rows(base: Mapping[str, Any], original: Outcome, outcomes: Sequence[Outcome],
-                 orig_stats: cost.LatencyStats, stats: Sequence[cost.LatencyStats | None],
-                 errors: Sequence[float]) -> list[dict[str, Any]]:
+                 measured: Measured) -> list[dict[str, Any]]:
   """Report rows (one for the original, one per outcome): `base` fields, then method, nodes,
-  modelled and measured latency and speedup, time, rewrites, max relative error, note."""
+  modelled and measured latency, the measured speedup with its interval and verdict, time,
+  rewrites, max relative error, status ("ok" or "failed") and note."""
   nan = float("nan")
   rows = [{**base, "method": "original", "nodes": G.num_nodes(original.graph),
            "modelled_ms": original.modelled_cost, "modelled_speedup": 1.0,
-           "latency_ms": orig_stats.median_ms, "latency_iqr_ms": orig_stats.iqr_ms,
-           "measured_speedup": 1.0, "seconds": 0.0, "rewrites": 0, "max_rel_error": 0.0,
-           "note": ""}]
-  for o, s, e in zip(outcomes, stats, errors):
+           "latency_ms": measured.original.median_ms,
+           "latency_iqr_ms": measured.original.iqr_ms, "measured_speedup": 1.0,
+           "speedup_low": nan, "speedup_high": nan, "verdict": "reference", "seconds": 0.0,
+           "rewrites": 0, "max_rel_error": 0.0, "status": "ok", "note": ""}]
+  for o, s, v, n in zip(outcomes, measured.stats, measured.speedups, measured.numerics):
     ok = o.graph is not None and s is not None
+    differ = ok and not n.passed
     rows.append({
         **base, "method": o.method, "nodes": G.num_nodes(o.graph) if ok else "",
         "modelled_ms": o.modelled_cost,
         "modelled_speedup": original.modelled_cost / o.modelled_cost if ok else nan,
         "latency_ms": s.median_ms if ok else nan, "latency_iqr_ms": s.iqr_ms if ok else nan,
-        "measured_speedup": orig_stats.median_ms / s.median_ms if ok else nan,
+        "measured_speedup": v.ratio if ok else nan, "speedup_low": v.low if ok else nan,
+        "speedup_high": v.high if ok else nan, "verdict": v.verdict if ok else "",
         "seconds": o.seconds, "rewrites": "" if o.rewrites is None else o.rewrites,
-        "max_rel_error": e, "note": o.note + (
-            "" if not ok or e < 1e-3 else f" OUTPUTS DIFFER (max rel err {e:.1e})")})
+        "max_rel_error": n.max_rel_error if ok else nan,
+        "status": "ok" if ok and not differ else "failed",
+        "note": o.note + (f" OUTPUTS DIFFER ({n.describe()})" if differ else "")})
   return rows
+
+
+def failed_row(base: Mapping[str, Any], error: BaseException, what: str = "failed"
+               ) -> dict[str, Any]:
+  """A row for a model that could not be benchmarked, with its reason."""
+  first = (str(error).strip().splitlines() or [""])[0]
+  return {**base, "method": "original", "status": "failed",
+          "note": f"{what}: {type(error).__name__}: {first[:160]}"}
+
+
+def failures(rows: Sequence[Mapping[str, Any]]) -> list[str]:
+  """"model method: note" of every failed row."""
+  return [f"{r.get('model', '?')}{' [' + r['shape'] + ']' if r.get('shape') else ''} "
+          f"{r.get('method', '?')}: {r.get('note', '').strip()}"
+          for r in rows if r.get("status") == "failed"]
+
+
+def exit_on_failures(rows: Sequence[Mapping[str, Any]], *, allow: bool = False) -> None:
+  """After the tables are written: SystemExit(1) listing the failed rows unless `allow`."""
+  bad = failures(rows)
+  if bad:
+    text = f"{len(bad)} of {len(rows)} rows failed:\n  " + "\n  ".join(bad)
+    if not allow:
+      raise SystemExit(f"error: {text}\n(--allow_failures exits 0 with partial tables)")
+    print(f"warning: {text}", flush=True)
 
 
 def _fmt(value: Any, spec: str) -> str:

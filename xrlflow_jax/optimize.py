@@ -633,8 +633,7 @@ def check_output_dir(path: str | os.PathLike) -> Path:
 
 def check_request(source: str, *, method: str, size: str,
                   input_shapes: Mapping[str, Sequence[int]] | None, output_dir: Any,
-                  budget: int | None, capacity: int | None, measure_latency: bool,
-                  latency_rounds: int, repeats_per_round: int, tolerance: float,
+                  budget: int | None, capacity: int | None, latency_rounds: int, repeats_per_round: int, tolerance: float,
                   write: bool) -> dict[str, tuple[int, ...]]:
   """Every argument of `optimize_model` that can be checked without loading: OptimizeError
   (or MeasurementError) naming the argument. Returns the input shapes as int tuples."""
@@ -647,11 +646,10 @@ def check_request(source: str, *, method: str, size: str,
   if not (isinstance(tolerance, (int, float)) and math.isfinite(tolerance) and tolerance >= 0):
     raise OptimizeError(f"the numerics tolerance must be a finite number >= 0, got "
                         f"{tolerance!r}")
-  if measure_latency:
-    try:
-      check_settings(latency_rounds, repeats_per_round)
-    except MeasurementError as e:
-      raise OptimizeError(f"{e} (--latency_rounds, --repeats_per_round)") from None
+  try:  # checked even with measure_latency=False: a bad value is a mistake either way
+    check_settings(latency_rounds, repeats_per_round)
+  except MeasurementError as e:
+    raise OptimizeError(f"{e} (--latency_rounds, --repeats_per_round)") from None
   shapes = {}
   for name, dims in dict(input_shapes or {}).items():
     if isinstance(dims, str):
@@ -669,22 +667,22 @@ def check_request(source: str, *, method: str, size: str,
   return shapes
 
 
-def memory_need(graph: layout.Graph) -> tuple[int, int, str]:
-  """(bytes of the graph's inputs and constants, bytes of its largest tensor, that tensor as
+def memory_need(graph: layout.Graph) -> tuple[int, int, int, str]:
+  """(bytes of the graph's inputs, of its constants, of its largest tensor, that tensor as
   "node 12 (MATMUL) [1024, 4096] float32")."""
   arrays = G.to_arrays(graph)
-  fixed = largest = 0
+  inputs = consts = largest = 0
   what = ""
   for v in np.flatnonzero(arrays["alive"]):
-    shape = [int(d) for d in arrays["shape"][v][: int(arrays["rank"][v])]]
+    shape = [int(d) for d in ops.unpad_shape(arrays["shape"][v], arrays["rank"][v])]
     code, op = int(arrays["dtype"][v]), int(arrays["op"][v])
     nbytes = math.prod(shape) * int(ops.dtype_size(np, code))
-    if op in (int(ops.Op.INPUT), int(ops.Op.CONSTANT)):
-      fixed += nbytes
+    inputs += nbytes if op == int(ops.Op.INPUT) else 0
+    consts += nbytes if op == int(ops.Op.CONSTANT) else 0
     if nbytes > largest:
       largest = nbytes
       what = f"node {int(v)} ({ops.Op(op).name}) {shape} {ops.DType(code).name.lower()}"
-  return fixed, largest, what
+  return inputs, consts, largest, what
 
 
 def device_memory_bytes() -> int:
@@ -699,16 +697,18 @@ def device_memory_bytes() -> int:
 
 
 def check_memory(loaded: Loaded) -> None:
-  """OptimizeError when the graph cannot run here (random inputs, weights and two copies of
-  its largest tensor above MEMORY_SHARE of the device's memory), before any search."""
-  fixed, largest, what = memory_need(loaded.graph)
-  need, have = fixed + 2 * largest, device_memory_bytes()
+  """OptimizeError, before any search, when the graph cannot run here: its random inputs (a
+  host copy and a device copy), its weights and two tensors the size of its largest above
+  MEMORY_SHARE of the device's memory."""
+  inputs, consts, largest, what = memory_need(loaded.graph)
+  need, have = 2 * inputs + consts + 2 * largest, device_memory_bytes()
   if need > MEMORY_SHARE * have:
     gib = 2.0**30
-    raise OptimizeError(f"{loaded.label} needs about {need / gib:.1f} GiB to run (inputs and "
-                        f"weights {fixed / gib:.1f} GiB, largest tensor {what} "
-                        f"{largest / gib:.1f} GiB), more than {MEMORY_SHARE:.0%} of the "
-                        f"{have / gib:.1f} GiB here; give smaller --input_shape dims")
+    raise OptimizeError(f"{loaded.label} needs about {need / gib:.1f} GiB to run (inputs "
+                        f"{inputs / gib:.1f} GiB, weights {consts / gib:.1f} GiB, largest "
+                        f"tensor {what} {largest / gib:.1f} GiB), more than "
+                        f"{MEMORY_SHARE:.0%} of the {have / gib:.1f} GiB here; give smaller "
+                        "--input_shape dims")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -780,7 +780,7 @@ def optimize_model(source: str = DEFAULT_MODEL, *, method: str = "ppo", size: st
   """
   input_shapes = check_request(
       str(source), method=method, size=size, input_shapes=input_shapes, output_dir=output_dir,
-      budget=budget, capacity=capacity, measure_latency=measure, latency_rounds=latency_rounds,
+      budget=budget, capacity=capacity, latency_rounds=latency_rounds,
       repeats_per_round=repeats_per_round, tolerance=tolerance, write=write)
   cache_dir = compilation_cache.enable(compilation_cache_dir)
   times: dict[str, float] = {}

@@ -74,7 +74,8 @@ def get_config(arg: str = "test") -> ml_collections.ConfigDict:
   c.updates_per_chunk = 10  # updates per jitted call (progress, metrics flush, checkpoints)
   c.checkpoint_every = 1  # chunks between checkpoints (0: only at the end)
   c.checkpoint_backend = "auto"  # auto (orbax if installed, else msgpack), orbax, msgpack
-  c.latency_repeats = 30  # timed runs of the initial and best graphs at the end (0: skip)
+  c.latency_rounds = 10  # interleaved timing rounds of the initial and best graphs at the end
+  # (measure.compare with a control copy; 0: skip, else >= 5)
 
   if arg == "test":
     c.model.name = "squeezenet1_1"
@@ -89,7 +90,7 @@ def get_config(arg: str = "test") -> ml_collections.ConfigDict:
     c.ppo.total_timesteps = 8 * 8 * 12
     c.ppo.num_minibatches = 2
     c.updates_per_chunk = 4
-    c.latency_repeats = 10
+    c.latency_rounds = 5
   elif arg.startswith("onnx="):
     c.model.onnx = arg[len("onnx="):]
     c.model.name = ""

@@ -176,6 +176,9 @@ def _input_shape(vi: onnx.ValueInfoProto, given: Sequence[int] | None, label: st
                             f"input_shapes={{'{vi.name}': (d0, d1, ...)}})")
     if d < 1:
       raise OnnxImportError(f"{where}dim {i} is {d} (zero-size tensors are not supported)")
+  if math.prod(dims) > INT32_MAX:
+    raise OnnxImportError(f"{where}shape {list(dims)} has {math.prod(dims)} elements, more than "
+                          f"{INT32_MAX} (the graph's int32 sizes)")
   if len(dims) > MAX_RANK:
     raise OnnxImportError(f"{where}rank {len(dims)} exceeds the project's maximum rank "
                           f"{MAX_RANK}")
@@ -381,7 +384,7 @@ class _Importer:
     needed = [bool(o) and uses.get(o, 0) > 0 for o in outputs]
     if any(v is _POISON for v in inputs):
       if op not in CONVERTERS and op not in ("Shape", "Size"):
-        self.unsupported.append((op, where))
+        self.unsupported.append((op, f"{where}no converter for {op} in the importer"))
       self._set_outputs(outputs, [_POISON] * len(outputs))
       return
     attrs = attributes(node, where)
@@ -404,7 +407,9 @@ class _Importer:
       self._fold_done(outputs, values)
       return
     if op not in CONVERTERS:
-      self.unsupported.append((op, where))
+      self.unsupported.append((op, f"{where}no converter for {op} in the importer"
+                                   + (" (its inputs are constant, but it cannot be folded)"
+                                      if consts else "")))
       self._set_outputs(outputs, [_POISON] * len(outputs))
       return
     ctx = Ctx(self.b, node, attrs, inputs, needed, self.opset, where, self.materialize)

@@ -1,0 +1,195 @@
+"""The measurement module: a numerics check that cannot pass NaN, a speedup verdict that is a
+statistic with a control, settings refused before any work."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+from xrlflow_jax import GraphBuilder, measure
+from xrlflow_jax import graph as G
+
+TOL = measure.DEFAULT_TOLERANCE
+
+# Finite values across the whole float32 range, denormals included, and the non-finite ones.
+_FLOATS = st.one_of(
+    st.floats(allow_nan=False, allow_infinity=False, width=32),
+    st.sampled_from([0.0, -0.0, 1e-45, -1e-45, 1.1754942e-38, 3.4e38, -3.4e38]),
+    st.sampled_from([np.nan, np.inf, -np.inf]))
+_ARRAYS = hnp.arrays(np.float32, hnp.array_shapes(min_dims=0, max_dims=3, max_side=5),
+                     elements=_FLOATS)
+
+
+# ----------------------------------------------------------------------------------------------
+# Numerics
+# ----------------------------------------------------------------------------------------------
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(a=_ARRAYS)
+def test_identical_outputs_pass_and_report_shared_nonfinite(a):
+  check = measure.compare_outputs([a], [a.copy()], tolerance=TOL)
+  assert check.passed and check.max_abs_error == 0.0
+  assert bool(check.nonfinite) == bool((~np.isfinite(a)).any())
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(a=_ARRAYS, data=st.data())
+def test_one_wrong_entry_never_passes(a, data):
+  """NaN, an infinity, or a finite value far off, put anywhere, fails the check."""
+  if not a.size:
+    return
+  i = data.draw(st.integers(0, a.size - 1))
+  ref = a.reshape(-1)[i]
+  bad = data.draw(st.sampled_from([np.nan, np.inf, -np.inf, "far"]))
+  if bad == "far":
+    if not np.isfinite(ref):
+      return
+    with np.errstate(over="ignore"):
+      value = np.float32(float(ref) + (1.0 + abs(float(ref))) * 10 * TOL)
+    if not np.isfinite(value) or value == ref:
+      return
+  else:
+    value = np.float32(bad)
+    if (np.isnan(value) and np.isnan(ref)) or value == ref:
+      return
+  b = a.copy().reshape(-1)
+  b[i] = value
+  check = measure.compare_outputs([a], [b.reshape(a.shape)], tolerance=TOL)
+  assert not check.passed, (ref, value, check)
+  swapped = measure.compare_outputs([b.reshape(a.shape)], [a], tolerance=TOL)
+  assert not swapped.passed, (ref, value, swapped)
+
+
+def test_all_nan_candidate_fails_with_nan_error():
+  """The bug this module replaced: max(0.0, nan) folded every error to 0.0 and passed."""
+  a = np.ones((2, 3), np.float32)
+  check = measure.compare_outputs([a, a], [a, np.full_like(a, np.nan)], tolerance=TOL)
+  assert not check.passed and np.isnan(check.max_rel_error) and np.isnan(check.max_abs_error)
+  assert "output 1: 6 non-finite value(s) in the optimised graph" in check.nonfinite
+  assert check.describe().startswith("FAIL")
+
+
+def test_integer_outputs_must_be_equal():
+  a = np.array([1, 2, 2**30], np.int32)
+  assert measure.compare_outputs([a], [a.copy()]).passed
+  check = measure.compare_outputs([a], [a + np.array([0, 0, 1], np.int32)], tolerance=1.0)
+  assert not check.passed and "1 integer value(s) differ" in check.nonfinite
+
+
+def test_output_count_and_shape_mismatches_raise():
+  a = np.zeros(3, np.float32)
+  with pytest.raises(measure.NumericsError, match="2 outputs, the original 1"):
+    measure.compare_outputs([a], [a, a])
+  with pytest.raises(measure.NumericsError, match=r"shape \[1, 3\]"):
+    measure.compare_outputs([a], [a.reshape(1, 3)])
+  with pytest.raises(measure.MeasurementError, match="tolerance"):
+    measure.compare_outputs([a], [a], tolerance=float("nan"))
+
+
+def _nan_weight_graph():
+  b = GraphBuilder(16)
+  x = b.input((2, 4))
+  w = b.constant(np.full((4, 3), np.nan, np.float32))
+  y = b.matmul(x, w)
+  b.output(y)
+  return b.build()
+
+
+def test_check_numerics_on_nan_weights_reports_them():
+  """A model whose weights are NaN: both graphs are NaN at the same places; the check says so
+  instead of printing a clean 0.00e+00."""
+  graph, params = _nan_weight_graph()
+  check = measure.check_numerics(graph, graph, params)
+  assert check.passed and "non-finite value(s) in both graphs" in check.describe()
+
+
+# ----------------------------------------------------------------------------------------------
+# The speedup statistic
+# ----------------------------------------------------------------------------------------------
+
+def _rounds(rng, scale: float, n: int = 10, noise: float = 0.02) -> np.ndarray:
+  return scale * np.exp(noise * rng.standard_normal(n))
+
+
+@pytest.mark.parametrize("candidate, verdict", [(0.5, "faster"), (1.0, "no change"),
+                                                (2.0, "slower")])
+def test_speedup_verdicts(candidate, verdict):
+  rng = np.random.default_rng(0)
+  s = measure.speedup(_rounds(rng, 1.0), _rounds(rng, candidate), _rounds(rng, 1.0))
+  assert s.verdict == verdict
+  assert s.low <= s.ratio <= s.high and s.control_low <= s.control_ratio <= s.control_high
+  assert s.rounds == 10 and s.level == measure.LEVEL
+  assert verdict in s.describe() and "identical copy" in s.describe()
+
+
+def test_speedup_must_beat_what_the_identical_copy_shows():
+  """A 3% gain that is clear against the reference alone is "no change" when the identical
+  copy of the reference itself differs by 5%: the gain is inside the copy-to-copy spread."""
+  rng = np.random.default_rng(1)
+  ref = _rounds(rng, 1.0, noise=0.002)
+  cand = _rounds(rng, 1 / 1.03, noise=0.002)
+  assert measure.speedup(ref, cand).verdict == "faster"
+  copy = _rounds(rng, 1 / 1.05, noise=0.002)
+  assert measure.speedup(ref, cand, copy).verdict == "no change"
+
+
+def test_speedup_false_positive_rate_on_synthetic_noise():
+  """Identical distributions (shared drift per round plus independent noise): the verdict is
+  "no change" in at least 95% of 400 trials."""
+  rng = np.random.default_rng(2)
+  wrong = 0
+  for t in range(400):
+    drift = np.exp(0.05 * rng.standard_normal(10))
+    ref, cand, copy = (drift * _rounds(rng, 1.0, noise=0.03) for _ in range(3))
+    wrong += measure.speedup(ref, cand, copy, seed=t).verdict != "no change"
+  assert wrong / 400 < 0.05, wrong
+
+
+def test_too_few_rounds_is_a_usage_error():
+  with pytest.raises(measure.MeasurementError, match=">= 5 paired rounds"):
+    measure.speedup(np.ones(4), np.ones(4))
+  for bad in [dict(rounds=0, repeats_per_round=3), dict(rounds=4, repeats_per_round=3),
+              dict(rounds=10, repeats_per_round=0), dict(rounds=2.5, repeats_per_round=1),
+              dict(rounds=10, repeats_per_round=1, warmup=-1)]:
+    with pytest.raises(measure.MeasurementError):
+      measure.check_settings(**bad)
+
+
+# ----------------------------------------------------------------------------------------------
+# compare(): real timing
+# ----------------------------------------------------------------------------------------------
+
+def _chain(depth: int):
+  b = GraphBuilder(64)
+  x = b.input((256, 256))
+  w = b.constant(np.eye(256, dtype=np.float32) * 0.5)
+  y = x
+  for _ in range(depth):
+    y = b.matmul(y, w)
+  b.output(y)
+  return b.build()
+
+
+def test_compare_an_unchanged_graph_is_not_timed_against_itself():
+  graph, params = _chain(2)
+  cmp = measure.compare(graph, [graph], params, rounds=5, repeats_per_round=1, tolerance=TOL)
+  assert cmp.control is None and cmp.speedups[0].verdict == "unchanged"
+  assert cmp.candidates[0] is cmp.reference and cmp.reference.runs == 5
+  assert cmp.numerics[0].passed and cmp.speedups[0].describe().startswith("unchanged")
+
+
+def test_compare_finds_a_large_real_speedup_and_checks_outputs():
+  """16 matmuls against 1 (different outputs: the numerics entry says so)."""
+  slow, params = _chain(16)
+  fast, fast_params = _chain(1)
+  assert G.structural_hash(slow) != G.structural_hash(fast)
+  cmp = measure.compare(slow, [fast, slow], params, rounds=8, repeats_per_round=3,
+                        tolerance=TOL)
+  assert cmp.control is not None and cmp.control.runs == 24
+  assert cmp.speedups[0].verdict == "faster" and cmp.speedups[0].ratio > 2, cmp.speedups[0]
+  assert cmp.speedups[1].verdict == "unchanged"
+  assert not cmp.numerics[0].passed and cmp.numerics[1].passed
+  del fast_params
