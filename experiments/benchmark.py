@@ -36,6 +36,7 @@ from typing import Any
 from absl import app, flags
 
 from experiments.configs import ppo as ppo_configs
+from xrlflow_jax import workflow
 from xrlflow_jax.errors import XrlflowError
 
 _MODELS = flags.DEFINE_list("models", [], "Zoo names, ONNX paths or ../shared/models stems "
@@ -51,8 +52,8 @@ _ALLOW_FAILURES = flags.DEFINE_bool(
 _RULES = flags.DEFINE_list("rules", list(ppo_configs.DEFAULT_RULES),
                            "Built-in rule names, or 'all' (every method uses these).")
 _LOCATIONS = flags.DEFINE_integer("max_locations", 16, "Locations kept per rule.")
-_CAPACITY = flags.DEFINE_integer("capacity", 0, "Node slots (0: the model's default; -1: "
-                                 "tight, 1.5 x nodes).")
+_CAPACITY = flags.DEFINE_integer("capacity", 0, "Node slots (<= 0: workflow.fitted_capacity, "
+                                 "1.3 x the nodes rounded up to 64).")
 _GREEDY_STEPS = flags.DEFINE_integer("greedy_steps", 100, "greedy: max rewrites.")
 _TASO_BUDGET = flags.DEFINE_integer("taso_budget", 200, "taso: graphs expanded.")
 _TASO_ALPHA = flags.DEFINE_float("taso_alpha", 1.05, "taso: keep candidates within alpha x best.")
@@ -71,7 +72,7 @@ _SEED = flags.DEFINE_integer("seed", 0, "Seed of weights, searches and training.
 _COEFFS = flags.DEFINE_string("cost_coefficients", "", "Cost-model JSON ('' = shipped fit).")
 
 QUICK_MODELS = ("squeezenet1_1", "bert")
-QUICK = {"size": "tiny", "capacity": -1, "rules": ["merge_conv_shared_input_bias",
+QUICK = {"size": "tiny", "capacity": 0, "rules": ["merge_conv_shared_input_bias",
                                                    "enlarge_conv_kernel_bias_sib_bias",
                                                    "conv_bias_relu_fuse",
                                                    "merge_matmul_shared_input_3",
@@ -124,8 +125,8 @@ def benchmark_model(spec, ruleset, coeffs, methods: list[str]) -> list[dict[str,
   from xrlflow_jax import benchmarking as B  # pylint: disable=g-import-not-at-top
   from xrlflow_jax import graph as G  # pylint: disable=g-import-not-at-top
   cap = _opt("capacity")
-  (graph, params), = B.load_models([spec], capacity="tight" if cap < 0 else cap,
-                                   seed=_SEED.value)
+  loaded, = workflow.load_many([spec], capacity=cap if cap > 0 else None, seed=_SEED.value)
+  graph, params = loaded.graph, loaded.params
   G.validate(graph, params)
   original = B.Outcome("original", graph, B.modelled_cost(graph, coeffs))
   print(f"\n## {spec.label}: {G.num_nodes(graph)} nodes, capacity {G.capacity(graph)}, "
@@ -169,7 +170,8 @@ def main(argv: list[str]) -> None:
     raise app.UsageError(f"unknown methods {unknown}; use {B.METHODS}")
   size = _opt("size")
   names = _MODELS.value or (list(QUICK_MODELS) if _QUICK.value else None)
-  specs = [B.parse_model(n, size) for n in names] if names else B.default_models(size)
+  specs = ([workflow.resolve(n, size) for n in names] if names
+           else workflow.default_models(size))
   out_dir = Path(_OUTPUT.value)
   out_dir.mkdir(parents=True, exist_ok=True)
   coeffs = cost.load_coefficients(path=_COEFFS.value or None)

@@ -17,8 +17,8 @@ another shape) or "no".
 
 Capacity: the policy network itself works for any number of node slots, but the trained
 environment, its rule set and the batched rollouts are compiled for one capacity, so every
-graph (training and evaluation) is built at ONE capacity: --capacity, or (0) the largest
-default capacity of all the models, or (-1) 1.5 x the largest node count. A graph that does not
+graph (training and evaluation) is built at ONE capacity: --capacity, or (<= 0) the largest
+`workflow.fitted_capacity` of all the models. A graph that does not
 load (e.g. an ONNX export whose Reshape constants pin batch 1) keeps a row saying why, and the
 binary exits 1 after writing the tables when any row failed (--allow_failures: exit 0).
 
@@ -38,6 +38,7 @@ from typing import Any
 from absl import app, flags
 
 from experiments.configs import ppo as ppo_configs
+from xrlflow_jax import workflow
 from xrlflow_jax.errors import XrlflowError
 
 _TRAIN = flags.DEFINE_list("train_models", ["squeezenet1_1", "resnet18"],
@@ -55,8 +56,8 @@ _ALLOW_FAILURES = flags.DEFINE_bool(
     "method that raised, outputs that differ); the tables record each failure either way.")
 _RULES = flags.DEFINE_list("rules", list(ppo_configs.DEFAULT_RULES), "Rule names or 'all'.")
 _LOCATIONS = flags.DEFINE_integer("max_locations", 16, "Locations kept per rule.")
-_CAPACITY = flags.DEFINE_integer("capacity", 0, "Node slots of every graph (0: the largest "
-                                 "default; -1: 1.5 x the largest node count).")
+_CAPACITY = flags.DEFINE_integer("capacity", 0, "Node slots of every graph (<= 0: the largest "
+                                 "workflow.fitted_capacity of the models).")
 _TIMESTEPS = flags.DEFINE_integer("train_timesteps", 16 * 32 * 100, "PPO environment steps.")
 _HORIZON = flags.DEFINE_integer("horizon", 50, "Episode length (training and evaluation).")
 _SAMPLES = flags.DEFINE_integer("samples", 8, "K of ppo-best-of-K.")
@@ -68,7 +69,7 @@ _SEED = flags.DEFINE_integer("seed", 0, "Seed of weights, training and sampling.
 _COEFFS = flags.DEFINE_string("cost_coefficients", "", "Cost-model JSON ('' = shipped fit).")
 
 QUICK = {"train_models": ["squeezenet1_1"], "eval_models": ["resnet18"],
-         "eval_shapes": ["default", "image=48"], "size": "tiny", "capacity": -1,
+         "eval_shapes": ["default", "image=48"], "size": "tiny", "capacity": 0,
          "rules": ["merge_conv_shared_input_bias", "enlarge_conv_kernel_bias_sib_bias",
                    "conv_bias_relu_fuse"],
          "max_locations": 4, "train_timesteps": 4 * 4 * 2, "horizon": 6, "samples": 2,
@@ -104,13 +105,12 @@ def ppo_config() -> Any:
 
 def eval_specs(train_specs, size: str) -> list[tuple[Any, str]]:
   """(spec at a shape variant, seen) for every train and eval model and every variant."""
-  from xrlflow_jax import benchmarking as B  # pylint: disable=g-import-not-at-top
-  shapes = [B.parse_shape(s) for s in _opt("eval_shapes")]
+  shapes = [workflow.parse_shape(s) for s in _opt("eval_shapes")]
   shapes += [(("batch", int(b)),) for b in _BATCHES.value]
   shapes = list(dict.fromkeys(shapes)) or [()]
   trained = {s.source for s in train_specs}
-  models = list(train_specs) + [B.parse_model(n, size) for n in _opt("eval_models")
-                                if B.parse_model(n, size).source not in trained]
+  models = list(train_specs) + [workflow.resolve(n, size) for n in _opt("eval_models")
+                                if workflow.resolve(n, size).source not in trained]
   out = []
   for spec in models:
     for shape in shapes:
@@ -157,12 +157,12 @@ def main(argv: list[str]) -> None:
   size = _opt("size")
   out_dir = Path(_OUTPUT.value)
   out_dir.mkdir(parents=True, exist_ok=True)
-  train_specs = [B.parse_model(n, size) for n in _opt("train_models")]
+  train_specs = [workflow.resolve(n, size) for n in _opt("train_models")]
   evals = eval_specs(train_specs, size)
   cap = _opt("capacity")
-  loaded = B.load_models(train_specs + [s for s, _ in evals],
-                         capacity="tight" if cap < 0 else cap, seed=_SEED.value,
-                         errors="return")
+  loaded = workflow.as_graph_params(workflow.load_many(
+      train_specs + [s for s, _ in evals], capacity=cap if cap > 0 else None, seed=_SEED.value,
+      errors="return"))
   train_loaded, eval_loaded = loaded[:len(train_specs)], loaded[len(train_specs):]
   bad = [(s.label, e) for s, e in zip(train_specs, train_loaded) if isinstance(e, Exception)]
   if bad:

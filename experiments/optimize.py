@@ -11,8 +11,10 @@ inputs), rewrites.json, report.json, best_graph.txt and graph.png (when matplotl
 installed). Prints a before/after table: nodes, modelled cost, XLA latency (median and spread),
 speedup, the numerics check and the time spent. The logic lives in `xrlflow_jax.optimize`.
 
-Bad input (unknown model, missing file, bad --input_shape, a failed numerics check) exits with
-status 1 and one line `error: ...`; conflicting flags are usage errors.
+Bad input (unknown model, missing file or a folder, bad --input_shape, budget, capacity, timing
+settings or --output, a model too big for this machine's memory) is refused before any work;
+that and a failed numerics check exit with status 1 and one line `error: ...`; conflicting
+flags are usage errors.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from typing import Sequence
 from absl import app, flags, logging
 
 from xrlflow_jax import optimize as opt
-from xrlflow_jax.errors import XrlflowError
+from xrlflow_jax.errors import UsageError, XrlflowError
 
 _MODEL = flags.DEFINE_string("model", None, "A zoo model name (default: squeezenet1_1 when "
                              "neither --model nor --onnx is given).")
@@ -76,7 +78,7 @@ def main(argv: Sequence[str]) -> None:
         capacity=_CAPACITY.value or None, rules=_RULES.value or None, measure=_MEASURE.value,
         latency_rounds=_ROUNDS.value, repeats_per_round=_REPEATS.value, picture=_PICTURE.value,
         keep_slower=_KEEP_SLOWER.value, compilation_cache_dir=_CACHE.value or None)
-  except opt.OptimizeError as e:  # bad input: one line, no usage text, no traceback
+  except UsageError as e:  # bad input: one line, no usage text, no traceback
     raise SystemExit(f"error: {e}") from None
   except XrlflowError as e:
     raise SystemExit(f"error: {type(e).__name__}: {e}") from None

@@ -102,3 +102,22 @@ def test_evaluate_smallest(tmp_path):
   for r in rows:
     assert float(r["latency_ms"]) > 0, r
   assert len(_rows(out / "training.csv")) == 2
+
+
+def test_benchmark_exits_nonzero_when_a_row_failed(tmp_path):
+  """A model that does not import: a failed row with its reason in the CSV, exit status 1
+  (`--allow_failures`: 0)."""
+  bad = tmp_path / "broken.onnx"
+  bad.write_text("not a model\n")
+  env = {**os.environ, "JAX_PLATFORMS": os.environ.get("JAX_PLATFORMS", "cpu")}
+  for extra, rc in (([], 1), (["--allow_failures"], 0)):
+    out = tmp_path / f"bench{rc}"
+    proc = subprocess.run([sys.executable, "-m", "experiments.benchmark", "--quick",
+                           f"--models={bad}", "--methods=greedy", f"--output={out}", *extra],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
+                          check=False)
+    assert proc.returncode == rc, proc.stdout + proc.stderr
+    rows = _rows(out / "benchmark.csv")
+    assert rows[0]["status"] == "failed" and "not a valid ONNX model" in rows[0]["note"], rows
+    if rc:
+      assert "1 of 1 rows failed" in proc.stderr and "Traceback" not in proc.stderr

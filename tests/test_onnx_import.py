@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import copy
+import os
 import random
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -561,3 +564,63 @@ def test_error_types_are_the_projects():
   assert issubclass(errors.OnnxImportError, errors.XrlflowError)
   assert issubclass(errors.UnsupportedOnnxOpError, errors.OnnxImportError)
   assert issubclass(errors.OnnxExportError, errors.XrlflowError)
+
+
+# ------------------------------------------------------------------------------ integer paths
+
+_INT_CASES = {
+    "add": ([_N("Add", ["x", "c"], ["y"])], True), "sub": ([_N("Sub", ["x", "c"], ["y"])], True),
+    "mul": ([_N("Mul", ["x", "c"], ["y"])], True), "max": ([_N("Max", ["x", "c"], ["y"])], True),
+    "neg": ([_N("Neg", ["x"], ["y"])], False), "abs": ([_N("Abs", ["x"], ["y"])], False),
+    "concat": ([_N("Concat", ["x", "c"], ["y"], axis=0)], True),
+    "gather": ([_N("Gather", ["c", "i"], ["y"])], True),
+    "reshape": ([_N("Reshape", ["x", "s"], ["y"])], False),
+    "reducesum": ([_N("ReduceSum", ["x"], ["y"], keepdims=0)], False),
+    "cast_float": ([_N("Cast", ["x"], ["y"], to=_F)], False),
+}
+
+
+@pytest.mark.parametrize("dtype", [TensorProto.INT64, TensorProto.INT32])
+@pytest.mark.parametrize("case", sorted(_INT_CASES))
+def test_integer_paths_match_onnxruntime(case: str, dtype: int):
+  """Every integer op path gives onnxruntime's values (int64 runs as int32 without x64; values
+  inside int32 must be equal; a product that leaves int32 at run time is a documented limit)."""
+  nodes, uses_c = _INT_CASES[case]
+  np_dtype = helper.tensor_dtype_to_np_dtype(dtype)
+  inits = {"c": np.asarray([3, -7, 2**20, 2**28], np_dtype)} if uses_c else {}
+  if case == "reshape":
+    inits["s"] = _i(2, 2)
+  inputs = [("x", dtype, (4,))]
+  if case == "gather":
+    inputs = [("i", TensorProto.INT64, (4,))]
+  model = _model(nodes, inputs, ["y"], inits)
+  graph, params = onnx_io.load(model)
+  x = np.asarray([0, 1, 3, 2], np_dtype if case != "gather" else np.int64)
+  ours = np.asarray(executor.run(graph, params, x)[0])
+  theirs = ort.InferenceSession(model.SerializeToString(),
+                                providers=["CPUExecutionProvider"]).run(None, {inputs[0][0]: x})[0]
+  np.testing.assert_array_equal(ours, theirs)
+
+
+def test_int64_constant_beyond_int32_is_refused_not_wrapped():
+  """2^40 + x: refused by name without x64 (it used to wrap to [5, 6, 8, 10])."""
+  model = _model([_N("Add", ["x", "big"], ["y"])], [("x", TensorProto.INT64, (4,))], ["y"],
+                 {"big": np.asarray(2**40, np.int64)})
+  with pytest.raises(errors.OnnxImportError, match=r"constant 'big'.*do not fit int32"):
+    onnx_io.load(model)
+
+
+def test_int64_constant_beyond_int32_runs_exactly_with_x64(tmp_path: Path):
+  """With JAX_ENABLE_X64=1 the same model computes onnxruntime's int64 result."""
+  model = _model([_N("Add", ["x", "big"], ["y"])], [("x", TensorProto.INT64, (4,))], ["y"],
+                 {"big": np.asarray(2**40, np.int64)})
+  path = tmp_path / "big.onnx"
+  onnx.save(model, path)
+  script = ("import numpy as np; from xrlflow_jax import onnx_io, executor; "
+            f"g, p = onnx_io.load({str(path)!r}); "
+            "print(executor.run(g, p, np.array([5, 6, 8, 10], np.int64))[0].tolist())")
+  proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                        env={**os.environ, "JAX_ENABLE_X64": "1"}, timeout=300, check=True)
+  want = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(
+      None, {"x": np.array([5, 6, 8, 10], np.int64)})[0].tolist()
+  assert proc.stdout.strip() == str(want) and want[0] == 2**40 + 5

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from absl import app, flags
 
-from xrlflow_jax import cost, executor, measure
+from xrlflow_jax import cost, errors, executor, measure, workflow
 from xrlflow_jax import graph as G
 from xrlflow_jax import optimize as opt
 from xrlflow_jax import visualize
@@ -180,19 +180,39 @@ def test_parse_input_shapes():
 
 
 def test_bad_sources(tmp_path):
-  with pytest.raises(opt.OptimizeError, match="unknown model 'nosuchnet'"):
+  """Bad names, paths and settings: the project's UsageError (LoadError for the model,
+  OptimizeError for the job's own arguments), raised before any work, nothing written."""
+  with pytest.raises(workflow.LoadError, match="unknown model 'nosuchnet'"):
     opt.optimize_model("nosuchnet", method="greedy")
-  with pytest.raises(opt.OptimizeError, match="ONNX file not found"):
+  with pytest.raises(workflow.LoadError, match="ONNX file not found"):
     opt.optimize_model(str(tmp_path / "missing.onnx"), method="greedy")
+  (tmp_path / "folder.onnx").mkdir()
+  with pytest.raises(workflow.LoadError, match="is a folder, not an ONNX file"):
+    opt.optimize_model(str(tmp_path / "folder.onnx"), method="greedy")
   with pytest.raises(opt.OptimizeError, match="unknown method"):
     opt.optimize_model("squeezenet1_1", method="annealing")
   with pytest.raises(opt.OptimizeError, match="unknown size"):
+    opt.optimize_model("squeezenet1_1", method="greedy", size="huge")
+  with pytest.raises(workflow.LoadError, match="unknown size"):
     opt.load_source("squeezenet1_1", size="huge")
   with pytest.raises(opt.OptimizeError, match="ONNX files only"):
+    opt.optimize_model("squeezenet1_1", method="greedy", input_shapes={"x": (1, 3)})
+  with pytest.raises(workflow.LoadError, match="ONNX files only"):
     opt.load_source("squeezenet1_1", input_shapes={"x": (1, 3)})
   with pytest.raises(opt.OptimizeError, match="unknown rules"):
     opt.optimize_model("squeezenet1_1", method="greedy", rules=["no_such_rule"], write=False)
-  assert not list(tmp_path.iterdir())
+  for bad, message in [(dict(budget=0), "budget"), (dict(capacity=-5), "capacity"),
+                       (dict(latency_rounds=0), "latency rounds"),
+                       (dict(tolerance=float("nan")), "tolerance")]:
+    with pytest.raises(opt.OptimizeError, match=message):
+      opt.optimize_model("squeezenet1_1", method="greedy", **bad)
+  a_file = tmp_path / "a_file"
+  a_file.write_text("x")
+  with pytest.raises(opt.OptimizeError, match="existing file, not a folder"):
+    opt.optimize_model("squeezenet1_1", method="greedy", output_dir=a_file)
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file", "folder.onnx"]
+  assert issubclass(opt.OptimizeError, errors.UsageError)
+  assert issubclass(workflow.LoadError, errors.UsageError)
 
 
 def test_numerics_failure_writes_nothing(tmp_path, monkeypatch):

@@ -1,5 +1,5 @@
 """Shared logic of the end-to-end experiments (`experiments/benchmark.py`, `experiments/evaluate.py`)
-and the notebooks: model specs, side-by-side latency measurement, search and PPO outcomes,
+and the notebooks (models load with `workflow.load`): side-by-side latency measurement, search and PPO outcomes,
 environment throughput, and the reports (markdown, CSV, bar chart).
 
 Every speed figure these helpers report is measured: the original graph and every method's graph
@@ -8,15 +8,14 @@ graph's outputs are compared with the original's on the same random inputs. Mode
 (the cost model the searches optimise) are reported next to them, labelled as modelled.
 
     from xrlflow_jax import benchmarking as B
-    spec = B.parse_model("squeezenet1_1", size="tiny")
-    graph, params = B.load_model(spec)
+    loaded = workflow.load("squeezenet1_1", size="tiny")
+    graph, params = loaded.graph, loaded.params
     ruleset = B.make_ruleset(["all"], max_locations=16)
     coeffs = cost.load_coefficients()
     out = B.run_search("greedy", graph, params, ruleset, coeffs, {"max_steps": 20})
     measured = B.measure_side_by_side(graph, params, [out.graph])  # verdict, numerics
 
-The optimisation packages (`xrlflow_jax.search`, the PPO trainer) are imported lazily, so this
-module imports cheaply.
+The PPO trainer is imported lazily.
 """
 
 from __future__ import annotations
@@ -34,220 +33,19 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from xrlflow_jax import cost, measure, models
+from xrlflow_jax import cost, measure
 from xrlflow_jax import graph as G
-from xrlflow_jax.errors import XrlflowError
-from xrlflow_jax.graph import Graph, GraphBuilder, ParamStore
+from xrlflow_jax.errors import UsageError
+from xrlflow_jax.graph import Graph, ParamStore
+from xrlflow_jax.search.result import JOB_METHODS
 
-SEARCH_METHODS = ("greedy", "taso", "beam", "random")
-METHODS = SEARCH_METHODS + ("ppo",)
-SHARED_MODELS_ENV = "XRLFLOW_SHARED_MODELS"
-# The repository's sibling `shared/models` (graph-only real networks), if present.
-SHARED_MODELS = Path(os.environ.get(SHARED_MODELS_ENV,
-                                    Path(__file__).resolve().parents[2] / "shared" / "models"))
-SHAPE_KEYS_ONNX = ("batch", "image", "seq")
+METHODS = JOB_METHODS  # what the benchmark binaries accept
 
 Log = Callable[[str], None]
 
 
-class BenchmarkError(XrlflowError):
-  """A bad model spec, shape variant or option of an experiment."""
-
-
-# ----------------------------------------------------------------------------------------------
-# Models
-# ----------------------------------------------------------------------------------------------
-
-@dataclasses.dataclass(frozen=True)
-class ModelSpec:
-  """A model to optimise: a zoo model (with a size) or an ONNX file, and an optional shape.
-
-  Attributes:
-    label: name in reports ("squeezenet1_1", "resnet50_keepbn.onnx", ...).
-    source: the zoo name, or the ONNX path.
-    size: zoo size ("default" or "tiny"; ignored for ONNX).
-    shape: a shape variant, e.g. (("image", 96),) or (("batch", 2),); () = as built/exported.
-  """
-  label: str
-  source: str
-  size: str = "default"
-  shape: tuple[tuple[str, int], ...] = ()
-
-  @property
-  def is_onnx(self) -> bool:
-    return self.source.endswith(".onnx")
-
-  @property
-  def shape_label(self) -> str:
-    """"default", or the variant as "key=value" joined by "+"."""
-    return "+".join(f"{k}={v}" for k, v in self.shape) or "default"
-
-  def with_shape(self, shape: Sequence[tuple[str, int]]) -> "ModelSpec":
-    return dataclasses.replace(self, shape=tuple(shape))
-
-
-def shared_model_paths(directory: str | os.PathLike[str] | None = None) -> list[Path]:
-  """The ONNX files of ../shared/models (sorted; [] when the directory is absent)."""
-  d = Path(directory) if directory is not None else SHARED_MODELS
-  return sorted(d.glob("*.onnx")) if d.is_dir() else []
-
-
-def parse_model(text: str, size: str = "default") -> ModelSpec:
-  """A ModelSpec from a zoo name, an ONNX path, or the stem of a file in ../shared/models.
-
-  Raises:
-    BenchmarkError: nothing of that name (the message lists the zoo and the shared files).
-  """
-  text = text.strip()
-  if text in models.list_models():
-    return ModelSpec(text, text, size)
-  path = Path(text)
-  if path.suffix == ".onnx":
-    if not path.is_file():
-      raise BenchmarkError(f"ONNX file {text} does not exist")
-    return ModelSpec(path.name, str(path), size)
-  shared = SHARED_MODELS / f"{text}.onnx"
-  if shared.is_file():
-    return ModelSpec(shared.name, str(shared), size)
-  raise BenchmarkError(f"unknown model {text!r}: not a zoo model ({', '.join(models.list_models())}),"
-                       f" an .onnx path, or a file of {SHARED_MODELS} "
-                       f"({', '.join(p.stem for p in shared_model_paths()) or 'absent'})")
-
-
-def default_models(size: str = "default") -> list[ModelSpec]:
-  """Every zoo model (at `size`) and every ONNX file of ../shared/models."""
-  return ([ModelSpec(n, n, size) for n in models.list_models()]
-          + [ModelSpec(p.name, str(p), size) for p in shared_model_paths()])
-
-
-def parse_shape(text: str) -> tuple[tuple[str, int], ...]:
-  """A shape variant from "default" / "" or "key=value[+key=value]" (e.g. "image=96+batch=2").
-
-  Zoo models take any integer field of their config (image, seq, frames, ...); ONNX files take
-  batch (dim 0 of every input), image (the last two dims of 4-D inputs) and seq (dim 1 of 2-D
-  inputs).
-  """
-  text = text.strip()
-  if text in ("", "default"):
-    return ()
-  out = []
-  for part in text.split("+"):
-    key, sep, value = part.partition("=")
-    if not sep or not value.strip().lstrip("-").isdigit():
-      raise BenchmarkError(f"bad shape variant {part!r}: use key=integer, e.g. image=96")
-    out.append((key.strip(), int(value)))
-  return tuple(out)
-
-
-def _zoo_builder(spec: ModelSpec, seed: int) -> GraphBuilder:
-  """A builder holding the zoo model of `spec`, its config fields replaced by `spec.shape`."""
-  from xrlflow_jax.models import registry  # pylint: disable=g-import-not-at-top
-  info = registry.model_info(spec.source)
-  cfg = info.config(spec.size)
-  if spec.shape:
-    fields = {f.name for f in dataclasses.fields(cfg)}
-    unknown = [k for k, _ in spec.shape if k not in fields]
-    if unknown:
-      raise BenchmarkError(f"{spec.source}: no config field {unknown} to vary (zoo models fold "
-                           f"batch 1 away; fields: {sorted(fields)})")
-    cfg = dataclasses.replace(cfg, **dict(spec.shape))
-  b = GraphBuilder(seed=seed, name=f"{spec.source}[{spec.size}]")
-  info.fn(b, cfg)
-  return b
-
-
-def _onnx_with_shape(path: str, shape: Sequence[tuple[str, int]]):
-  """(ModelProto with dynamic dims where `shape` changes them, {input: new shape})."""
-  import onnx  # pylint: disable=g-import-not-at-top
-  model = onnx.load(path, load_external_data=False)
-  inits = {i.name for i in model.graph.initializer}
-  changes = dict(shape)
-  unknown = [k for k in changes if k not in SHAPE_KEYS_ONNX]
-  if unknown:
-    raise BenchmarkError(f"{Path(path).name}: ONNX shape variants take {SHAPE_KEYS_ONNX}, "
-                         f"not {unknown}")
-  shapes = {}
-  for inp in model.graph.input:
-    if inp.name in inits:
-      continue
-    dims = inp.type.tensor_type.shape.dim
-    new = [d.dim_value for d in dims]
-    if "batch" in changes and new:
-      new[0] = changes["batch"]
-    if "image" in changes and len(new) == 4:
-      new[2] = new[3] = changes["image"]
-    if "seq" in changes and len(new) == 2:
-      new[1] = changes["seq"]
-    for i, d in enumerate(dims):
-      if new[i] != d.dim_value:
-        d.dim_param = f"{inp.name}_dim{i}"
-    shapes[inp.name] = tuple(new)
-  for out in model.graph.output:  # static output shapes of the export no longer hold
-    out.type.tensor_type.ClearField("shape")
-  del model.graph.value_info[:]
-  return model, shapes
-
-
-def load_model(spec: ModelSpec, capacity: int | None = None,
-               seed: int = 0) -> tuple[Graph, ParamStore]:
-  """The padded graph and weights of `spec` (ONNX files get seeded random weights).
-
-  Args:
-    capacity: node slots; None: the zoo's / importer's default.
-  Raises:
-    BenchmarkError: a shape variant the model cannot take; OnnxImportError when a shape variant
-      breaks the export (e.g. a Reshape to a constant batch-1 shape); CapacityError.
-  """
-  if spec.is_onnx:
-    from xrlflow_jax import onnx_io  # pylint: disable=g-import-not-at-top
-    if not spec.shape:
-      return onnx_io.load(spec.source, random_weights=True, seed=seed, capacity=capacity)
-    model, shapes = _onnx_with_shape(spec.source, spec.shape)
-    return onnx_io.load(model, input_shapes=shapes, random_weights=True, seed=seed,
-                        capacity=capacity)
-  b = _zoo_builder(spec, seed)
-  return b.build(capacity if capacity else models.default_capacity(len(b)))
-
-
-def tight_capacity(num_nodes: int, headroom: float = 1.5, quantum: int = 64) -> int:
-  """Node slots for `num_nodes` with `headroom` for rewrites, a multiple of `quantum` (small
-  capacities make matching and training cheaper than the zoo's 1024-slot default)."""
-  need = int(np.ceil(headroom * num_nodes))
-  return max(quantum, -(-need // quantum) * quantum)
-
-
-def load_models(specs: Sequence[ModelSpec], *, capacity: int | str = 0, seed: int = 0,
-                errors: str = "raise") -> list[Any]:
-  """Graphs of `specs` sharing one capacity (a trained policy needs one capacity).
-
-  Args:
-    capacity: an int > 0 for that capacity; 0 for the largest default capacity of the models;
-      "tight" for `tight_capacity` of the largest model.
-    errors: "raise", or "return" to put the exception in place of a model that does not load
-      (e.g. a shape variant the export cannot take) and carry on with the others.
-  Returns:
-    (graph, params) per spec (or the exception, with errors="return").
-  """
-  def load(spec: ModelSpec, cap: int | None) -> Any:
-    try:
-      return load_model(spec, cap, seed)
-    except Exception as e:  # pylint: disable=broad-except
-      if errors == "raise":
-        raise
-      return e
-
-  if isinstance(capacity, int) and capacity > 0:
-    return [load(s, capacity) for s in specs]
-  loaded = [load(s, None) for s in specs]
-  ok = [x for x in loaded if not isinstance(x, Exception)]
-  if not ok:
-    return loaded
-  if capacity == "tight":
-    cap = max(tight_capacity(G.num_nodes(g)) for g, _ in ok)
-  else:
-    cap = max(G.capacity(g) for g, _ in ok)
-  return [x if isinstance(x, Exception) or G.capacity(x[0]) == cap else load(s, cap)
-          for s, x in zip(specs, loaded)]
+class BenchmarkError(UsageError):
+  """A bad option of an experiment (a policy used at another capacity)."""
 
 
 # ----------------------------------------------------------------------------------------------

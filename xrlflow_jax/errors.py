@@ -12,6 +12,11 @@ class XrlflowError(Exception):
   """Base class of every error raised on purpose by xrlflow_jax."""
 
 
+class UsageError(XrlflowError):
+  """Bad input from the user (a name, path, shape, flag or setting), refused before any work;
+  the binaries print its message as one `error: ...` line."""
+
+
 class CapacityError(XrlflowError):
   """A graph does not fit the padded capacity (node slots or input slots per node)."""
 

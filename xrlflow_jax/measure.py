@@ -268,13 +268,15 @@ def check_settings(rounds: int, repeats_per_round: int, warmup: int = 0) -> None
 
 def compare(reference: layout.Graph, candidates: Sequence[layout.Graph], params: ParamStore, *,
             rounds: int = 10, repeats_per_round: int = 3, warmup: int = 2,
-            backend: str | None = None, seed: int = 0, tolerance: float | None = None
-            ) -> Comparison:
+            backend: str | None = None, seed: int = 0, tolerance: float | None = None,
+            time_unchanged: bool = False) -> Comparison:
   """Times `candidates` against `reference` side by side, with an identical copy as control.
 
   Candidates with the reference's structural hash are "unchanged" and not timed; candidates
   equal to each other are compiled once. With `tolerance`, each candidate's outputs (of its
   compiled executable, same random inputs as the reference) are compared too.
+  `time_unchanged=True` (A/A experiments) compiles and times unchanged candidates like any
+  other, so their verdicts measure the false-positive rate.
 
   Raises:
     MeasurementError: bad settings. BackendError, DeviceMemoryError: see `cost.latency`.
@@ -283,6 +285,9 @@ def compare(reference: layout.Graph, candidates: Sequence[layout.Graph], params:
   device = latency.resolve_device(backend)
   ref_hash = graph_host.structural_hash(reference)
   hashes = [graph_host.structural_hash(g) for g in candidates]
+  if time_unchanged:  # every candidate its own executable, compared like a changed graph
+    ref_hash = ""
+    hashes = [f"{h}/{i}" for i, h in enumerate(hashes)]
   unique: dict[str, layout.Graph] = {}
   for h, g in zip(hashes, candidates):
     if h != ref_hash and h not in unique:

@@ -6,8 +6,10 @@
 
 Pipeline (`optimize_model`):
 
-  1. load       a zoo model (`models.build`) or an ONNX file (`onnx_io.load`; graph-only files get
-                seeded random weights, which the report says), fitted to a small capacity.
+  0. check      every argument (`check_request`) and, once loaded, memory (`check_memory`):
+                one clear error before any work.
+  1. load       a zoo model or an ONNX file (`workflow.load`; graph-only files get seeded random
+                weights, which the report says), at `workflow.fitted_capacity`.
   2. search     "greedy" | "taso" | "beam" | "random": `search.optimize` on the cost model;
                 "ppo": a short PPO training run (`xrlflow_jax/configs/ppo.py:test` settings, the
                 budget in updates), then the trained policy as a search driver
@@ -39,20 +41,19 @@ from typing import Any, Callable, Mapping, Sequence
 import jax
 import numpy as np
 
-from xrlflow_jax import compilation_cache, cost, models, ops
+from xrlflow_jax import compilation_cache, cost, ops
 from xrlflow_jax import graph as G
 from xrlflow_jax.configs import ppo as ppo_configs
-from xrlflow_jax.errors import XrlflowError
+from xrlflow_jax.errors import UsageError
 from xrlflow_jax.graph import layout
+from xrlflow_jax.search.result import JOB_METHODS as METHODS
+from xrlflow_jax.workflow import SIZES, Loaded, load, resolve
+from xrlflow_jax.workflow import fit_capacity  # noqa: F401  (part of this module's API)
 from xrlflow_jax.measure import (DEFAULT_TOLERANCE, Comparison, MeasurementError,
                                  NumericsCheck, NumericsError, Speedup, check_numerics,
                                  check_settings, compare)
 
-METHODS = ("ppo", "greedy", "taso", "beam", "random")
-SIZES = ("tiny", "default")
 DEFAULT_MODEL = "squeezenet1_1"
-CAPACITY_QUANTUM = 64
-HEADROOM = 1.3
 INT32_MAX = 2**31 - 1
 # The random inputs, the weights and the two largest tensors must fit in this share of the
 # device's memory before any search starts.
@@ -61,31 +62,14 @@ MEMORY_SHARE = 0.8
 BUDGET_OPTION = {"greedy": "max_steps", "taso": "budget", "beam": "steps", "random": "steps"}
 
 
-class OptimizeError(XrlflowError):
-  """Bad input to the optimise job: unknown model or method, missing file, bad shape text."""
+class OptimizeError(UsageError):
+  """Bad input to the optimise job: unknown method, bad shape text, budget, output path...
+  (bad model names and files raise `workflow.LoadError`, also a UsageError)."""
 
 
 # ----------------------------------------------------------------------------------------------
 # Loading
 # ----------------------------------------------------------------------------------------------
-
-@dataclasses.dataclass
-class Loaded:
-  """A model to optimise.
-
-  Attributes:
-    label: a short name (zoo name, or the ONNX file's stem); kind: "zoo" or "onnx".
-    graph, params: the padded graph (capacity N) and its weights.
-    path: the ONNX file (kind "onnx"), else "".
-    random_weights: initializers given seeded random values (graph-only ONNX files).
-  """
-  label: str
-  kind: str
-  graph: layout.Graph
-  params: G.ParamStore
-  path: str = ""
-  random_weights: int = 0
-
 
 def parse_input_shape(text: str) -> tuple[str, tuple[int, ...]]:
   """"name=1,3,224,224" -> ("name", (1, 3, 224, 224)); OptimizeError names bad text."""
@@ -129,82 +113,11 @@ def parse_input_shapes(texts: Sequence[str]) -> dict[str, tuple[int, ...]]:
   return out
 
 
-def auto_capacity(num_nodes: int) -> int:
-  """Node slots for a graph of `num_nodes`: 1.3 x its size (room for rewrites) rounded up to a
-  multiple of 64 (tiny SqueezeNet's 92 nodes get the PPO test config's 128); small capacities
-  keep the jitted search and training fast."""
-  need = math.ceil(HEADROOM * num_nodes)
-  return max(CAPACITY_QUANTUM, -(-need // CAPACITY_QUANTUM) * CAPACITY_QUANTUM)
-
-
-def fit_capacity(graph: layout.Graph, capacity: int) -> layout.Graph:
-  """The same graph with `capacity` node slots (alive nodes keep their slots when they all lie
-  below `capacity`; otherwise they are compacted first). CapacityError if it cannot fit."""
-  from xrlflow_jax.errors import CapacityError  # pylint: disable=g-import-not-at-top
-  n = G.num_nodes(graph)
-  if n > capacity:
-    raise CapacityError(f"the graph has {n} nodes, more than the capacity {capacity}")
-  if G.capacity(graph) == capacity:
-    return layout.to_host(graph)
-  arrays = G.to_arrays(graph)
-  alive = np.flatnonzero(arrays["alive"])
-  if alive.size and alive.max() >= capacity:
-    compacted, _ = G.compact(graph)
-    arrays = G.to_arrays(compacted)
-  if capacity > arrays["op"].shape[0]:
-    grown = G.empty_arrays(capacity, G.max_inputs(graph))
-    for k, v in arrays.items():
-      grown[k][: v.shape[0]] = v
-    arrays = grown
-  else:
-    arrays = {k: v[:capacity] for k, v in arrays.items()}
-  return layout.from_arrays(arrays, as_numpy=True)
-
-
-def _looks_like_path(source: str) -> bool:
-  return source.endswith(".onnx") or os.sep in source or "/" in source or os.path.exists(source)
-
-
 def load_source(source: str, *, size: str = "tiny",
                 input_shapes: Mapping[str, Sequence[int]] | None = None,
                 capacity: int | None = None, seed: int = 0) -> Loaded:
-  """A zoo model by name, or an ONNX file by path, at a capacity fitted to it.
-
-  Args:
-    source: a name from `models.list_models()` or a path to an .onnx file.
-    size: zoo size, "tiny" or "default" (ignored for ONNX files).
-    input_shapes: ONNX only: {input name: whole shape} for dynamic dims.
-    capacity: node slots; None: `auto_capacity(node count)`.
-    seed: seed of zoo weights and of random weights for graph-only ONNX files.
-  Raises:
-    OptimizeError: unknown model or size, missing file, shapes given for a zoo model.
-    OnnxImportError: the file cannot be imported.
-  """
-  if _looks_like_path(source):
-    return _load_onnx(source, input_shapes, capacity, seed)
-  if input_shapes:
-    raise OptimizeError("input shapes apply to ONNX files only; zoo models have fixed shapes")
-  if source not in models.list_models():
-    raise OptimizeError(f"unknown model {source!r}; known models: "
-                        f"{', '.join(models.list_models())} (or give a path to an .onnx file)")
-  if size not in SIZES:
-    raise OptimizeError(f"unknown size {size!r}; sizes are {', '.join(SIZES)}")
-  n = len(models.builder(source, size, seed=seed))
-  graph, params = models.build(source, size, seed=seed, capacity=capacity or auto_capacity(n))
-  return Loaded(source, "zoo", layout.to_host(graph), params)
-
-
-def _load_onnx(path: str, input_shapes: Mapping[str, Sequence[int]] | None,
-               capacity: int | None, seed: int) -> Loaded:
-  """Imports an ONNX file; initializers without data get seeded random weights."""
-  from xrlflow_jax import onnx_io  # pylint: disable=g-import-not-at-top
-  p = Path(path)
-  if not p.is_file():
-    raise OptimizeError(f"ONNX file not found: {path}")
-  graph, params = onnx_io.load(str(p), input_shapes=dict(input_shapes or {}),
-                               random_weights=True, seed=seed)
-  graph = fit_capacity(graph, capacity or auto_capacity(G.num_nodes(graph)))
-  return Loaded(p.stem, "onnx", graph, params, str(p), int(params.stats.random_weights))
+  """`workflow.load` with the optimise job's default size ("tiny")."""
+  return load(source, size=size, input_shapes=input_shapes, capacity=capacity, seed=seed)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -656,12 +569,9 @@ def check_request(source: str, *, method: str, size: str,
       raise OptimizeError(f"input {name!r}: the shape must be a sequence of ints, got the text "
                           f"{dims!r} (parse it with parse_input_shape, or give a tuple)")
     shapes[str(name)] = check_shape(str(name), list(dims))
-  if _looks_like_path(source):
-    p = Path(source)
-    if p.is_dir():
-      raise OptimizeError(f"{source!r} is a folder, not an ONNX file")
-    if not p.is_file():
-      raise OptimizeError(f"ONNX file not found: {source}")
+  spec = resolve(source, size)  # LoadError: unknown name, a folder, a missing file
+  if shapes and not spec.is_onnx:
+    raise OptimizeError("input shapes apply to ONNX files only; zoo models have fixed shapes")
   if write and output_dir:
     check_output_dir(output_dir)
   return shapes

@@ -11,7 +11,7 @@ from typing import Any, Sequence
 
 import jax
 
-from xrlflow_jax import cost, models
+from xrlflow_jax import cost, workflow
 from xrlflow_jax.agents.networks import Agent, AgentConfig, AgentError
 from xrlflow_jax.agents.ppo import PPOConfig, Trainer
 from xrlflow_jax.env import GraphRewriteEnv
@@ -39,22 +39,19 @@ class Run:
 
 
 def load_pool(model_cfg: Any) -> tuple[list[str], list[Graph], list[ParamStore]]:
-  """The graphs to optimise: an ONNX file, or zoo models joined by "+" (one pool)."""
+  """The graphs to optimise: an ONNX file, or zoo models joined by "+" (one pool), loaded by
+  `workflow.load_many` at one capacity (model.capacity, or 0: the largest fitted capacity)."""
   capacity = int(model_cfg.capacity) or None
   if model_cfg.onnx:
-    from xrlflow_jax import onnx_io  # pylint: disable=g-import-not-at-top
-    graph, params = onnx_io.load(model_cfg.onnx, random_weights=True, seed=int(model_cfg.seed),
-                                 capacity=capacity)
-    return [Path(model_cfg.onnx).stem], [graph], [params]
-  names = [n for n in str(model_cfg.name).split("+") if n]
-  if not names:
-    raise AgentError("the config names no model (set model.name or model.onnx)")
-  if capacity is None and len(names) > 1:
-    capacity = max(models.default_capacity(len(models.builder(n, model_cfg.size)))
-                   for n in names)
-  built = [models.build(n, model_cfg.size, seed=int(model_cfg.seed), capacity=capacity)
-           for n in names]
-  return names, [g for g, _ in built], [p for _, p in built]
+    specs = [workflow.resolve(str(model_cfg.onnx))]
+  else:
+    names = [n for n in str(model_cfg.name).split("+") if n]
+    if not names:
+      raise AgentError("the config names no model (set model.name or model.onnx)")
+    specs = [workflow.resolve(n, str(model_cfg.size)) for n in names]
+  loaded = workflow.load_many(specs, capacity=capacity, seed=int(model_cfg.seed))
+  names = [Path(s.source).stem if s.is_onnx else s.label for s in specs]
+  return names, [x.graph for x in loaded], [x.params for x in loaded]
 
 
 def select_rules(names: Sequence[str]):

@@ -32,7 +32,7 @@ def get_config(arg: str = "test") -> ml_collections.ConfigDict:
   c.model.name = "resnet18"
   c.model.size = "tiny"
   c.model.onnx = ""  # a path: import this ONNX file instead of a zoo model
-  c.model.capacity = 0  # 0: the zoo's default capacity (room for rewrites)
+  c.model.capacity = 0  # 0: workflow.fitted_capacity (1.3 x the nodes, room for rewrites)
   c.model.seed = 0
 
   c.env = ml_collections.ConfigDict()

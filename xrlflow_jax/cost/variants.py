@@ -13,14 +13,13 @@ addition) do not drown the rare ones (merging Q/K/V projections).
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 from typing import Sequence
 
 import jax
 import numpy as np
 
-from xrlflow_jax import models
-from xrlflow_jax.errors import ModelError, XrlflowError
+from xrlflow_jax import workflow
+from xrlflow_jax.errors import XrlflowError
 from xrlflow_jax.graph import ParamStore, host, layout
 from xrlflow_jax.rules import RuleSet
 from xrlflow_jax.rules.library import builtin_rules
@@ -29,21 +28,14 @@ from xrlflow_jax.rules.pattern import Rule
 
 def load_model(spec: str, size: str = "default", *, seed: int = 0,
                capacity: int | None = None) -> tuple[layout.Graph, ParamStore, str]:
-  """A zoo model name, or a path to an ONNX file (random weights), as (graph, params, name).
+  """`workflow.load` as (graph, params, name); zoo names carry their size ("bert[tiny]").
 
   Raises:
-    ModelError: an unknown zoo name that is not a file either (the message lists the zoo).
-    OnnxImportError: the ONNX file cannot be imported.
+    LoadError: unknown model, missing file. OnnxImportError: the file cannot be imported.
   """
-  path = Path(spec).expanduser()
-  if spec.endswith(".onnx") or path.is_file():
-    if not path.is_file():
-      raise ModelError(f"ONNX file {spec} does not exist")
-    from xrlflow_jax import onnx_io  # pylint: disable=g-import-not-at-top
-    graph, params = onnx_io.load(str(path), random_weights=True, seed=seed, capacity=capacity)
-    return graph, params, path.stem
-  graph, params = models.build(spec, size, seed=seed, capacity=capacity)
-  return graph, params, spec if size == "default" else f"{spec}[{size}]"
+  loaded = workflow.load(spec, size=size, seed=seed, capacity=capacity)
+  tiny = loaded.kind == "zoo" and size != "default"
+  return loaded.graph, loaded.params, f"{loaded.label}[{size}]" if tiny else loaded.label
 
 
 @dataclasses.dataclass(frozen=True)

@@ -45,7 +45,8 @@ the best's median latency is lower; with measure=False the input is returned unl
 modelled cost is lower.
 """
 
-from xrlflow_jax.search.result import METHODS, RewriteStep, SearchError, SearchResult
+from xrlflow_jax.search.result import (BASELINES, JOB_METHODS, METHODS, RewriteStep, SearchError,
+                                       SearchResult)
 from xrlflow_jax.search import expand
 from xrlflow_jax.search.expand import (Children, Expander, Expansion, bucket_size, check_graph,
                                       replay)
@@ -59,7 +60,7 @@ from xrlflow_jax.search.policy import init_network, policy
 from xrlflow_jax.search.api import default_ruleset, get_expander, is_default, optimize
 
 __all__ = [
-    "METHODS", "Children", "Expander", "Expansion", "bucket_size", "RewriteStep", "SearchError", "SearchResult", "beam",
+    "BASELINES", "JOB_METHODS", "METHODS", "Children", "Expander", "Expansion", "bucket_size", "RewriteStep", "SearchError", "SearchResult", "beam",
     "check_graph", "default_ruleset", "finish", "get_expander", "greedy", "init_network", "is_default",
     "optimize", "policy", "policy_params", "random_search", "replay", "taso",
 ]

@@ -14,7 +14,12 @@ from xrlflow_jax.measure import Speedup
 from xrlflow_jax.graph import host as graph_host
 from xrlflow_jax.graph import layout
 
-METHODS = ("greedy", "taso", "beam", "random", "policy")
+# The cost-model searches, then the search driven by a trained policy: `search.optimize`'s methods.
+BASELINES = ("greedy", "taso", "beam", "random")
+METHODS = BASELINES + ("policy",)
+# What the optimise job and the benchmarks offer: "ppo" (train, then search with the policy) and
+# the baselines.
+JOB_METHODS = ("ppo",) + BASELINES
 
 
 class SearchError(XrlflowError):

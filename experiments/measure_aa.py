@@ -1,0 +1,117 @@
+r"""A/A test of the speedup verdict: how often does `measure.compare` call a graph faster or
+slower than an identical one?
+
+    python -m experiments.measure_aa --models=squeezenet1_1,resnet18 --runs=50
+
+For each model, --runs times: compile the graph three times (reference, control copy, and the
+"candidate", a third identical copy: `compare(..., time_unchanged=True)`), time them in
+--rounds interleaved rounds of --repeats_per_round runs, and record the verdict. Every verdict
+other than "no change" is a false positive. With --neutral, a second series uses as candidate the
+graph after one rewrite that does not change the work (add_commute: a + b -> b + a), the case
+the measured guard meets most. Prints the false-positive rate per model with a 95% Wilson
+interval and writes --output (JSON).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+
+import numpy as np
+from absl import app, flags
+
+from xrlflow_jax import benchmarking as B
+from xrlflow_jax import cost, measure, search, workflow
+from xrlflow_jax.agents import runs
+from xrlflow_jax.rules import RuleSet
+
+_MODELS = flags.DEFINE_list("models", ["squeezenet1_1", "resnet18"], "Zoo models or .onnx files.")
+_SIZE = flags.DEFINE_enum("size", "tiny", ["tiny", "default"], "Zoo model size.")
+_RUNS = flags.DEFINE_integer("runs", 50, "A/A comparisons per model (and per series).")
+_ROUNDS = flags.DEFINE_integer("rounds", 10, "Interleaved rounds per comparison.")
+_REPEATS = flags.DEFINE_integer("repeats_per_round", 3, "Timed runs per graph per round.")
+_NEUTRAL = flags.DEFINE_bool("neutral", True, "Also time a neutral rewrite (add_commute).")
+_OUTPUT = flags.DEFINE_string("output", "/tmp/xrlflow_measure_aa.json", "JSON results.")
+
+
+def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
+  """95% Wilson score interval of a rate k / n."""
+  if n == 0:
+    return 0.0, 1.0
+  p = k / n
+  centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+  half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+  return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def neutral_rewrite(graph, coeffs):
+  """The graph after one add_commute (a + b -> b + a), or None when it has no Add."""
+  expander = search.get_expander(RuleSet(runs.select_rules(["add_commute"])), coeffs)
+  mask, nodes = expander.match(graph)
+  hits = np.argwhere(mask)
+  if not hits.size:
+    return None
+  r, loc = hits[0]
+  return expander.apply_at(graph, int(r), nodes[r, loc])[0]
+
+
+def series(graph, candidate, params, label: str) -> dict:
+  verdicts, ratios = [], []
+  t0 = time.perf_counter()
+  for i in range(_RUNS.value):
+    cmp = measure.compare(graph, [candidate], params, rounds=_ROUNDS.value,
+                          repeats_per_round=_REPEATS.value, seed=i, time_unchanged=True)
+    verdicts.append(cmp.speedups[0].verdict)
+    ratios.append(cmp.speedups[0].ratio)
+  wrong = sum(v != "no change" for v in verdicts)
+  lo, hi = wilson(wrong, len(verdicts))
+  r = np.asarray(ratios)
+  print(f"{label}: {wrong}/{len(verdicts)} false positives ({100 * wrong / len(verdicts):.1f}%, "
+        f"95% CI {100 * lo:.1f}-{100 * hi:.1f}%); ratio median {np.median(r):.4f}, range "
+        f"{r.min():.4f}-{r.max():.4f}; {time.perf_counter() - t0:.0f}s", flush=True)
+  return {"series": label, "runs": len(verdicts), "false_positives": wrong,
+          "rate": wrong / len(verdicts), "rate_ci95": [lo, hi],
+          "verdicts": {v: verdicts.count(v) for v in set(verdicts)},
+          "ratio_median": float(np.median(r)), "ratio_min": float(r.min()),
+          "ratio_max": float(r.max())}
+
+
+def main(argv: list[str]) -> None:
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+  try:
+    measure.check_settings(_ROUNDS.value, _REPEATS.value)
+  except measure.MeasurementError as e:
+    raise app.UsageError(str(e)) from None
+  print(B.machine_header(), flush=True)
+  print(f"- verdict: {measure.LEVEL:.0%} bootstrap interval over {_ROUNDS.value} rounds x "
+        f"{_REPEATS.value} runs, an identical copy as control", flush=True)
+  coeffs = cost.load_coefficients()
+  results = []
+  for name in _MODELS.value:
+    spec = workflow.resolve(name, _SIZE.value)
+    loaded = workflow.load(spec)
+    graph, params = loaded.graph, loaded.params
+    results.append({"model": spec.label, **series(graph, graph, params,
+                                                  f"{spec.label} identical copy")})
+    if _NEUTRAL.value:
+      other = neutral_rewrite(graph, coeffs)
+      if other is not None:
+        results.append({"model": spec.label, **series(graph, other, params,
+                                                      f"{spec.label} add_commute")})
+  total = sum(r["false_positives"] for r in results)
+  n = sum(r["runs"] for r in results)
+  lo, hi = wilson(total, n)
+  print(f"all: {total}/{n} false positives ({100 * total / max(n, 1):.1f}%, 95% CI "
+        f"{100 * lo:.1f}-{100 * hi:.1f}%)")
+  Path(_OUTPUT.value).write_text(json.dumps({"machine": B.machine_info(), "rounds":
+                                             _ROUNDS.value, "repeats_per_round": _REPEATS.value,
+                                             "series": results, "false_positives": total,
+                                             "runs": n}, indent=2) + "\n")
+  print(f"wrote {_OUTPUT.value}")
+
+
+if __name__ == "__main__":
+  app.run(main)

@@ -1,0 +1,13 @@
+"""The layer above the core that every job shares: loading a model (`load`)."""
+
+from xrlflow_jax.workflow.load import (CAPACITY_QUANTUM, HEADROOM, SHAPE_KEYS_ONNX,
+                                       SHARED_MODELS, SIZES, LoadError, Loaded, ModelSpec,
+                                       as_graph_params, default_models, fit_capacity,
+                                       fitted_capacity, load, load_many, parse_shape, resolve,
+                                       shared_model_paths)
+
+__all__ = [
+    "CAPACITY_QUANTUM", "HEADROOM", "SHAPE_KEYS_ONNX", "SHARED_MODELS", "SIZES", "LoadError",
+    "Loaded", "ModelSpec", "as_graph_params", "default_models", "fit_capacity",
+    "fitted_capacity", "load", "load_many", "parse_shape", "resolve", "shared_model_paths",
+]
