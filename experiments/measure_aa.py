@@ -6,7 +6,8 @@ slower than an identical one?
 For each model, --runs times: compile the graph three times (reference, control copy, and the
 "candidate", a third identical copy: `compare(..., time_unchanged=True)`), time them in
 --rounds interleaved rounds of --repeats_per_round runs, and record the verdict. Every verdict
-other than "no change" is a false positive. With --neutral, a second series uses as candidate the
+other than "no change" is a false positive; the count of lower candidate medians (the rule
+the measured guard used before the verdict) is printed beside it. With --neutral, a second series uses as candidate the
 graph after one rewrite that does not change the work (add_commute: a + b -> b + a), the case
 the measured guard meets most. Prints the false-positive rate per model with a 95% Wilson
 interval and writes --output (JSON).
@@ -58,24 +59,26 @@ def neutral_rewrite(graph, coeffs):
 
 
 def series(graph, candidate, params, label: str) -> dict:
-  verdicts, ratios = [], []
+  verdicts, ratios, lower = [], [], 0
   t0 = time.perf_counter()
   for i in range(_RUNS.value):
     cmp = measure.compare(graph, [candidate], params, rounds=_ROUNDS.value,
                           repeats_per_round=_REPEATS.value, seed=i, time_unchanged=True)
     verdicts.append(cmp.speedups[0].verdict)
     ratios.append(cmp.speedups[0].ratio)
+    lower += cmp.candidates[0].median_ms < cmp.reference.median_ms  # the old guard's rule
   wrong = sum(v != "no change" for v in verdicts)
   lo, hi = wilson(wrong, len(verdicts))
   r = np.asarray(ratios)
   print(f"{label}: {wrong}/{len(verdicts)} false positives ({100 * wrong / len(verdicts):.1f}%, "
         f"95% CI {100 * lo:.1f}-{100 * hi:.1f}%); ratio median {np.median(r):.4f}, range "
-        f"{r.min():.4f}-{r.max():.4f}; {time.perf_counter() - t0:.0f}s", flush=True)
+        f"{r.min():.4f}-{r.max():.4f}; a lower median (the rule before the verdict) in "
+        f"{lower}/{len(verdicts)}; {time.perf_counter() - t0:.0f}s", flush=True)
   return {"series": label, "runs": len(verdicts), "false_positives": wrong,
           "rate": wrong / len(verdicts), "rate_ci95": [lo, hi],
           "verdicts": {v: verdicts.count(v) for v in set(verdicts)},
           "ratio_median": float(np.median(r)), "ratio_min": float(r.min()),
-          "ratio_max": float(r.max())}
+          "ratio_max": float(r.max()), "lower_median": lower}
 
 
 def main(argv: list[str]) -> None:

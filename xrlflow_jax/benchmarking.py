@@ -33,7 +33,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from xrlflow_jax import cost, measure
+from xrlflow_jax import cost, measure, workflow
 from xrlflow_jax import graph as G
 from xrlflow_jax.errors import UsageError
 from xrlflow_jax.graph import Graph, ParamStore
@@ -85,10 +85,8 @@ def machine_header() -> str:
 # ----------------------------------------------------------------------------------------------
 
 def make_ruleset(names: Sequence[str], max_locations: int = 16):
-  """A RuleSet of built-in rules by name (("all",) for every one)."""
-  from xrlflow_jax.agents import runs  # pylint: disable=g-import-not-at-top
-  from xrlflow_jax.rules import RuleSet  # pylint: disable=g-import-not-at-top
-  return RuleSet(runs.select_rules(list(names)), max_locations=int(max_locations))
+  """A RuleSet of built-in rules by name (("all",) for every one): `workflow.ruleset`."""
+  return workflow.ruleset(list(names), int(max_locations))
 
 
 def make_env(graphs: Sequence[Graph] | Graph, ruleset, coeffs: cost.CostCoefficients,
@@ -216,14 +214,7 @@ def build_run(names: Sequence[str], graphs: Sequence[Graph], params: Sequence[Pa
   """An `agents.runs.Run` over given graphs (one capacity) with a config's env/agent/ppo fields
   (see xrlflow_jax/configs/ppo.py); `ruleset` overrides `config.env.rules`/`max_locations`."""
   from xrlflow_jax.agents import runs  # pylint: disable=g-import-not-at-top
-  from xrlflow_jax.agents.networks import Agent, AgentConfig  # pylint: disable=g-import-not-at-top
-  from xrlflow_jax.agents.ppo import PPOConfig, Trainer  # pylint: disable=g-import-not-at-top
-  if ruleset is None:
-    ruleset = make_ruleset(config.env.rules, int(config.env.max_locations))
-  env = make_env(graphs, ruleset, coeffs, int(config.env.horizon), float(config.env.reward_scale))
-  agent = Agent(ruleset, env.node_cost_fn, AgentConfig(**dict(config.agent)))
-  trainer = Trainer(PPOConfig.from_mapping(config.ppo), env, agent)
-  return runs.Run(list(names), list(graphs), list(params), coeffs, ruleset, env, agent, trainer)
+  return runs.build(config, coeffs=coeffs, pool=(names, graphs, params), ruleset=ruleset)
 
 
 def train_ppo(names: Sequence[str], graphs: Sequence[Graph], params: Sequence[ParamStore],

@@ -47,6 +47,7 @@ from xrlflow_jax.configs import ppo as ppo_configs
 from xrlflow_jax.errors import UsageError
 from xrlflow_jax.graph import layout
 from xrlflow_jax.search.result import JOB_METHODS as METHODS
+from xrlflow_jax import workflow
 from xrlflow_jax.workflow import SIZES, Loaded, load, resolve
 from xrlflow_jax.workflow import fit_capacity  # noqa: F401  (part of this module's API)
 from xrlflow_jax.measure import (DEFAULT_TOLERANCE, Comparison, MeasurementError,
@@ -190,21 +191,12 @@ def ruleset_for_replay(rewrites_json: Mapping[str, Any]):
   return _ruleset(rewrites_json["rules"], int(rewrites_json["max_locations"]))
 
 
-@functools.lru_cache(maxsize=8)
-def _ruleset_cached(names: tuple[str, ...], max_locations: int):
-  from xrlflow_jax.agents import runs  # pylint: disable=g-import-not-at-top
-  from xrlflow_jax.rules import RuleSet  # pylint: disable=g-import-not-at-top
-  return RuleSet(runs.select_rules(names), max_locations=max_locations)
-
-
 def _ruleset(names: Sequence[str], max_locations: int):
-  """The RuleSet of built-in rules `names`, one object per (names, max_locations) in a process,
-  so the search's compiled Expander (cached per RuleSet object) is reused by later calls.
-  Unknown names: OptimizeError listing the built-in rules."""
-  from xrlflow_jax.agents.networks import AgentError  # pylint: disable=g-import-not-at-top
+  """`workflow.ruleset` (one cached object per (names, max_locations), so the search's compiled
+  Expander is reused by later calls); unknown names: OptimizeError listing the built-in rules."""
   try:
-    return _ruleset_cached(tuple(names), int(max_locations))
-  except AgentError as e:
+    return workflow.ruleset(names, max_locations)
+  except workflow.RuleSelectionError as e:
     raise OptimizeError(str(e)) from None
 
 
@@ -250,17 +242,12 @@ def train_ppo(loaded: Loaded, config: Any, coeffs: cost.CostCoefficients,
     (trainer, ruleset, runner_state, seconds): the final RunnerState holds the network params
     (`.params`) and the best graph training met (`.best_graph`, `.best_cost`, leading [1]).
   """
-  from xrlflow_jax.agents.networks import Agent, AgentConfig  # pylint: disable=g-import-not-at-top
-  from xrlflow_jax.agents.ppo import PPOConfig, Trainer  # pylint: disable=g-import-not-at-top
-  from xrlflow_jax.env import GraphRewriteEnv  # pylint: disable=g-import-not-at-top
+  from xrlflow_jax.agents import runs  # pylint: disable=g-import-not-at-top
 
   ruleset = _ruleset(config.env.rules, int(config.env.max_locations))
-  env = GraphRewriteEnv([loaded.graph], ruleset, lambda g: cost.graph_cost(g, coeffs),
-                        int(config.env.horizon), reward_scale=float(config.env.reward_scale),
-                        node_cost_fn=lambda g: cost.node_costs(g, coeffs),
-                        exact_candidate_delta=bool(config.env.exact_candidate_delta))
-  agent = Agent(ruleset, lambda g: cost.node_costs(g, coeffs), AgentConfig(**dict(config.agent)))
-  trainer = Trainer(PPOConfig.from_mapping(config.ppo), env, agent, jax.devices()[:1])
+  run = runs.build(config, jax.devices()[:1], coeffs, ruleset=ruleset,
+                   pool=([loaded.label], [loaded.graph], [loaded.params]))
+  trainer = run.trainer
   t0 = time.perf_counter()
   state = trainer.init(jax.random.PRNGKey(int(config.seed)))
   total = trainer.config.num_updates

@@ -17,7 +17,6 @@ from xrlflow_jax.agents.ppo import PPOConfig, Trainer
 from xrlflow_jax.env import GraphRewriteEnv
 from xrlflow_jax.graph import Graph, ParamStore
 from xrlflow_jax.rules import RuleSet
-from xrlflow_jax.rules.library import builtin_rules
 
 
 @dataclasses.dataclass
@@ -54,16 +53,7 @@ def load_pool(model_cfg: Any) -> tuple[list[str], list[Graph], list[ParamStore]]
   return names, [x.graph for x in loaded], [x.params for x in loaded]
 
 
-def select_rules(names: Sequence[str]):
-  """Built-in rules by name (("all",) for every one); AgentError lists unknown names."""
-  rules = builtin_rules()
-  if tuple(names) == ("all",):
-    return rules
-  by_name = {r.name: r for r in rules}
-  unknown = [n for n in names if n not in by_name]
-  if unknown:
-    raise AgentError(f"unknown rules {unknown}; built-in rules are {sorted(by_name)}")
-  return [by_name[n] for n in names]
+select_rules = workflow.select_rules  # the one home: xrlflow_jax/workflow/rulesets.py
 
 
 def load_cost(path: str) -> cost.CostCoefficients:
@@ -72,11 +62,22 @@ def load_cost(path: str) -> cost.CostCoefficients:
 
 
 def build(config: Any, devices: Sequence[jax.Device] | None = None,
-          coeffs: cost.CostCoefficients | None = None) -> Run:
-  """A Run from a config (see xrlflow_jax/configs/ppo.py); `coeffs` overrides the config's."""
-  names, graphs, params = load_pool(config.model)
+          coeffs: cost.CostCoefficients | None = None, *,
+          pool: tuple[Sequence[str], Sequence[Graph], Sequence[ParamStore]] | None = None,
+          ruleset: RuleSet | None = None) -> Run:
+  """A Run from a config (see xrlflow_jax/configs/ppo.py): the one place an environment, agent
+  and trainer are put together.
+
+  Args:
+    devices: the trainer's devices (default: every local device).
+    coeffs: overrides the config's cost coefficients.
+    pool: (names, graphs, params) to train on instead of loading `config.model`.
+    ruleset: overrides `config.env.rules` / `max_locations`.
+  """
+  names, graphs, params = pool if pool is not None else load_pool(config.model)
   coeffs = coeffs if coeffs is not None else load_cost(config.env.cost_coefficients)
-  ruleset = RuleSet(select_rules(config.env.rules), max_locations=int(config.env.max_locations))
+  if ruleset is None:
+    ruleset = workflow.ruleset(config.env.rules, int(config.env.max_locations))
 
   def cost_fn(g):
     return cost.graph_cost(g, coeffs)
@@ -84,9 +85,9 @@ def build(config: Any, devices: Sequence[jax.Device] | None = None,
   def node_cost_fn(g):
     return cost.node_costs(g, coeffs)
 
-  env = GraphRewriteEnv(graphs, ruleset, cost_fn, int(config.env.horizon),
+  env = GraphRewriteEnv(list(graphs), ruleset, cost_fn, int(config.env.horizon),
                         reward_scale=float(config.env.reward_scale), node_cost_fn=node_cost_fn,
                         exact_candidate_delta=bool(config.env.exact_candidate_delta))
   agent = Agent(ruleset, node_cost_fn, AgentConfig(**dict(config.agent)))
   trainer = Trainer(PPOConfig.from_mapping(config.ppo), env, agent, devices)
-  return Run(names, graphs, params, coeffs, ruleset, env, agent, trainer)
+  return Run(list(names), list(graphs), list(params), coeffs, ruleset, env, agent, trainer)
