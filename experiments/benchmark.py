@@ -8,7 +8,7 @@ r"""End-to-end benchmark: every method on every model, measured side by side.
 For each model (zoo names at --size, ONNX paths, or stems of ../shared/models files, which get
 seeded random weights) it reports: the original graph's measured XLA latency; for each method
 (greedy, taso, beam, random search, and PPO trained on that model alone for --ppo_timesteps
-steps, its best graph seen during training) the modelled and measured latency and speedup, the
+steps, then the trained policy's own rollouts: argmax + --ppo_samples sampled, the best kept) the modelled and measured latency and speedup, the
 optimisation wall time (compiles included) and the rewrites applied; and the environment's
 throughput (steps/s of a random valid-action policy, vmapped over --env_envs environments).
 
@@ -60,6 +60,8 @@ _TASO_ALPHA = flags.DEFINE_float("taso_alpha", 1.05, "taso: keep candidates with
 _BEAM_WIDTH = flags.DEFINE_integer("beam_width", 8, "beam: width.")
 _BEAM_STEPS = flags.DEFINE_integer("beam_steps", 20, "beam: depth.")
 _RANDOM_ROLLOUTS = flags.DEFINE_integer("random_rollouts", 16, "random: rollouts.")
+_PPO_SAMPLES = flags.DEFINE_integer("ppo_samples", 8, "ppo: sampled policy rollouts besides the "
+                                    "argmax one (the row is the trained policy's best).")
 _RANDOM_STEPS = flags.DEFINE_integer("random_steps", 20, "random: steps per rollout.")
 _PPO_TIMESTEPS = flags.DEFINE_integer("ppo_timesteps", 16 * 32 * 50,
                                       "ppo: environment steps of training per model.")
@@ -142,9 +144,14 @@ def benchmark_model(spec, ruleset, coeffs, methods: list[str]) -> list[dict[str,
       if method == "ppo":
         policy = B.train_ppo([spec.label], [graph], [params], ppo_config(spec.source), coeffs,
                              ruleset, log=lambda s: print("  " + s, flush=True))
-        best, best_cost = policy.best(0)
-        out = B.Outcome("ppo", best, best_cost, policy.seconds, None,
-                        f"best graph of {policy.env_steps} training steps")
+        _, train_cost = policy.best(0)
+        rollout = B.policy_outcomes(policy, graph, params, samples=_PPO_SAMPLES.value,
+                                    seed=_SEED.value)[-1]
+        out = B.Outcome("ppo", rollout.graph, rollout.modelled_cost,
+                        policy.seconds + rollout.seconds, rollout.rewrites,
+                        f"trained policy: argmax + {_PPO_SAMPLES.value} sampled rollouts after "
+                        f"{policy.env_steps} training steps (training's best graph modelled "
+                        f"x{original.modelled_cost / train_cost:.3f})")
       else:
         out = B.run_search(method, graph, params, ruleset, coeffs, options[method], _SEED.value)
     except Exception as e:  # pylint: disable=broad-except

@@ -135,7 +135,8 @@ def evaluate_graph(policy, spec, seen: str, graph, params, coeffs) -> list[dict[
     except Exception as e:  # pylint: disable=broad-except
       outcomes.append(B.failed(method, e, time.perf_counter() - t0))
   try:
-    outcomes.extend(B.policy_outcomes(policy, graph, samples=_opt("samples"), seed=_SEED.value))
+    outcomes.extend(B.policy_outcomes(policy, graph, params, samples=_opt("samples"),
+                                      seed=_SEED.value))
   except Exception as e:  # pylint: disable=broad-except
     outcomes.append(B.failed("ppo", e))
   for o in outcomes:

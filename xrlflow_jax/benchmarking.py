@@ -239,79 +239,28 @@ def train_ppo(names: Sequence[str], graphs: Sequence[Graph], params: Sequence[Pa
   return TrainedPolicy(run, state, metrics, seconds, cfg.num_updates * cfg.batch_size)
 
 
-def _rollout_fn(policy: TrainedPolicy, steps: int):
-  """A jittable (network params, graph, keys [E], greedy bool[E]) -> (best costs [E], best
-  graphs [E]): E policy episodes on `graph`, each with the most likely action (greedy) or a
-  sampled one at every step, each keeping the cheapest graph it reached.
-
-  The graph is an argument (the environment is built inside the trace), so one compile serves
-  every graph of the training capacity.
-  """
-  from xrlflow_jax.agents import MaskedCategorical  # pylint: disable=g-import-not-at-top
-  run = policy.run
-
-  def select(done, a, b):
-    return jax.tree_util.tree_map(lambda x, y: jnp.where(done, x, y), a, b)
-
-  def episode(net_params, env, key, greedy):
-    state, ts = env.reset(key)
-
-    def body(carry, k):
-      state, obs, done = carry
-      logits, _ = run.agent.apply(net_params, obs)
-      dist = MaskedCategorical(logits, obs.action_mask)
-      action = jnp.where(greedy, dist.mode(), dist.sample(k))
-      new_state, ts = env.step(state, action)
-      return (select(done, state, new_state), select(done, obs, ts.observation),
-              done | ts.last()), None
-
-    init = (state, ts.observation, jnp.asarray(False))
-    (state, _, _), _ = jax.lax.scan(body, init, jax.random.split(key, steps))
-    return state.best_cost, state.best_graph
-
-  def rollouts(net_params, graph, keys, greedy):
-    env = make_env(graph, run.ruleset, run.coeffs, run.env.horizon, run.env.reward_scale)
-    return jax.vmap(episode, in_axes=(None, None, 0, 0))(net_params, env, keys, greedy)
-
-  return rollouts
-
-
-_ROLLOUTS: dict[tuple[int, int], Any] = {}
-
-
-def policy_outcomes(policy: TrainedPolicy, graph: Graph, *, samples: int = 8,
-                    steps: int | None = None, seed: int = 0) -> list[Outcome]:
-  """The trained policy on a (possibly unseen) graph of the training capacity.
+def policy_outcomes(policy: TrainedPolicy, graph: Graph, params: ParamStore, *,
+                    samples: int = 8, steps: int | None = None, seed: int = 0) -> list[Outcome]:
+  """The trained policy on a (possibly unseen) graph, through the policy search driver (the
+  one policy-inference path: `search.optimize(..., "policy")`, observations as in training).
 
   Returns two Outcomes: "ppo-argmax" (the most likely action each step) and "ppo-best-of-K"
-  (K = `samples` sampled episodes, the cheapest graph any of them reached). Each keeps the
-  cheapest graph of its episode(s) under the cost model, the input when nothing is cheaper.
-  Both run in one compiled, vmapped call (K + 1 episodes), compiled once per policy and K; the
-  seconds reported for each are that call's wall time (compile included on first use).
+  (the argmax rollout and K = `samples` sampled ones, the cheapest graph any reached). Each
+  keeps the cheapest graph under the cost model (the input when nothing is cheaper) with its
+  replayable rewrite count.
   """
+  from xrlflow_jax import search  # pylint: disable=g-import-not-at-top
   run = policy.run
-  if G.capacity(graph) != G.capacity(run.graphs[0]):
-    raise BenchmarkError(f"the policy was trained at capacity {G.capacity(run.graphs[0])}; "
-                         f"this graph has {G.capacity(graph)} (build it at the training one)")
-  steps = int(steps or run.env.horizon)
-  cache_key = (id(policy), steps)
-  if cache_key not in _ROLLOUTS:
-    _ROLLOUTS.clear()  # one policy at a time
-    _ROLLOUTS[cache_key] = jax.jit(_rollout_fn(policy, steps))
-  keys = jax.random.split(jax.random.PRNGKey(seed), samples + 1)
-  greedy = jnp.arange(samples + 1) == 0
-  t0 = time.perf_counter()
-  graph = jax.tree_util.tree_map(jnp.asarray, graph)
-  costs, graphs = _ROLLOUTS[cache_key](policy.state.params, graph, keys, greedy)
-  costs = np.asarray(costs)
-  seconds = time.perf_counter() - t0
-
-  def pick(i: int) -> Graph:
-    return jax.tree_util.tree_map(lambda a: np.asarray(a[i]), graphs)
-
-  i = 1 + int(np.argmin(costs[1:]))
-  return [Outcome("ppo-argmax", pick(0), float(costs[0]), seconds),
-          Outcome(f"ppo-best-of-{samples}", pick(i), float(costs[i]), seconds)]
+  expander = search.get_expander(run.ruleset, run.coeffs)
+  out = []
+  for label, k in (("ppo-argmax", 0), (f"ppo-best-of-{samples}", samples)):
+    t0 = time.perf_counter()
+    r = search.optimize(graph, params, "policy", expander=expander, agent=run.agent,
+                        network_params=policy.state, env=run.env, steps=steps, num_samples=k,
+                        seed=seed)
+    out.append(Outcome(label, r.best_graph, float(r.best_cost_ms), time.perf_counter() - t0,
+                       len(r.rewrites)))
+  return out
 
 
 # ----------------------------------------------------------------------------------------------
