@@ -235,7 +235,7 @@ def _fuzz(tmp_path: Path, capsys, monkeypatch, *, shapes: int, mutations: int, s
 
 
 def test_cli_fuzz(tmp_path, capsys, monkeypatch):
-  counts = _fuzz(tmp_path, capsys, monkeypatch, shapes=120, mutations=60, seed=0)
+  counts = _fuzz(tmp_path, capsys, monkeypatch, shapes=160, mutations=30, seed=0)
   print(counts)
   assert counts["inputs"] >= 200 and counts["error"] + counts["usage"] > 150, counts
   assert counts.get("ok", 0) >= 2, counts  # the good model and NaN weights at least
