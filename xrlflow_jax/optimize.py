@@ -44,7 +44,8 @@ import numpy as np
 from xrlflow_jax import compilation_cache, cost, ops
 from xrlflow_jax import graph as G
 from xrlflow_jax.configs import ppo as ppo_configs
-from xrlflow_jax.errors import UsageError
+from xrlflow_jax.errors import ShapeError, UsageError
+from xrlflow_jax.ops.spec import checked_dims
 from xrlflow_jax.graph import layout
 from xrlflow_jax.search.result import JOB_METHODS as METHODS
 from xrlflow_jax import workflow
@@ -55,7 +56,6 @@ from xrlflow_jax.measure import (DEFAULT_TOLERANCE, Comparison, MeasurementError
                                  check_settings, compare)
 
 DEFAULT_MODEL = "squeezenet1_1"
-INT32_MAX = 2**31 - 1
 # The random inputs, the weights and the two largest tensors must fit in this share of the
 # device's memory before any search starts.
 MEMORY_SHARE = 0.8
@@ -87,20 +87,12 @@ def parse_input_shape(text: str) -> tuple[str, tuple[int, ...]]:
 
 
 def check_shape(name: str, dims: Sequence[Any]) -> tuple[int, ...]:
-  """A whole input shape as ints: every dim an integer in [1, 2^31 - 1] and at most
-  2^31 - 1 elements in all (the graph stores dims as int32). OptimizeError names the input."""
-  out = []
-  for i, d in enumerate(dims):
-    if isinstance(d, (bool, np.bool_)) or not isinstance(d, (int, np.integer)):
-      raise OptimizeError(f"input {name!r}: dim {i} is {d!r}, not an integer")
-    if not 1 <= int(d) <= INT32_MAX:
-      raise OptimizeError(f"input {name!r}: dim {i} is {int(d)}; dims must lie in "
-                          f"[1, {INT32_MAX}] (--input_shape={name}=d0,d1,...)")
-    out.append(int(d))
-  if math.prod(out) > INT32_MAX:
-    raise OptimizeError(f"input {name!r}: shape {out} has {math.prod(out)} elements, more than "
-                        f"{INT32_MAX} (the graph's int32 sizes)")
-  return tuple(out)
+  """A whole input shape checked by `ops.spec.checked_dims` (integers in [1, 2^31 - 1], at most
+  2^31 - 1 elements); OptimizeError names the input and the flag."""
+  try:
+    return checked_dims(dims)
+  except ShapeError as e:
+    raise OptimizeError(f"input {name!r}: {e} (--input_shape={name}=d0,d1,...)") from None
 
 
 def parse_input_shapes(texts: Sequence[str]) -> dict[str, tuple[int, ...]]:

@@ -23,7 +23,7 @@ import numpy as np
 import onnx
 
 from xrlflow_jax import ops
-from xrlflow_jax.errors import CapacityError, OnnxImportError, UnsupportedOnnxOpError
+from xrlflow_jax.errors import CapacityError, OnnxImportError, ShapeError, UnsupportedOnnxOpError
 from xrlflow_jax.graph import layout
 from xrlflow_jax.graph.builder import GraphBuilder, Tensor
 from xrlflow_jax.graph.params import ParamStore
@@ -32,6 +32,7 @@ from xrlflow_jax.onnx_io.common import (attributes, default_opset, onnx_to_numpy
                                         project_dtype, tensor_to_numpy, unique_name)
 from xrlflow_jax.onnx_io.convert import BUILDER_ERRORS, CONVERTERS, Const, Ctx
 from xrlflow_jax.ops import MAX_RANK
+from xrlflow_jax.ops.spec import INT32_MAX, checked_dims
 
 _POISON = object()  # the value of a tensor downstream of an unsupported op
 
@@ -105,27 +106,13 @@ def read_model(source: Any) -> tuple[onnx.ModelProto, str, str | None]:
   return model, label, base
 
 
-INT32_MAX = 2**31 - 1
-
-
 def _given_shape(given: Any, where: str) -> tuple[int, ...]:
-  """An `input_shapes` entry as ints in [1, 2^31 - 1] with at most 2^31 - 1 elements (the
-  graph stores sizes as int32); OnnxImportError naming the input otherwise."""
-  if isinstance(given, (str, bytes)) or not isinstance(given, Sequence):
-    raise OnnxImportError(f"{where}input_shapes must give a sequence of ints (e.g. (1, 3, 224, "
-                          f"224)), got {given!r}")
-  dims = []
-  for i, d in enumerate(given):
-    if isinstance(d, (bool, np.bool_)) or not isinstance(d, (int, np.integer)):
-      raise OnnxImportError(f"{where}input_shapes dim {i} is {d!r}, not an integer")
-    if not 1 <= int(d) <= INT32_MAX:
-      raise OnnxImportError(f"{where}input_shapes dim {i} is {int(d)}; dims must lie in "
-                            f"[1, {INT32_MAX}]")
-    dims.append(int(d))
-  if math.prod(dims) > INT32_MAX:
-    raise OnnxImportError(f"{where}input_shapes {dims} has {math.prod(dims)} elements, more "
-                          f"than {INT32_MAX} (the graph's int32 sizes)")
-  return tuple(dims)
+  """An `input_shapes` entry checked by `ops.spec.checked_dims`; OnnxImportError naming the
+  input otherwise."""
+  try:
+    return checked_dims(given)
+  except ShapeError as e:
+    raise OnnxImportError(f"{where}input_shapes: {e}") from None
 
 
 def _check_integer_range(value: np.ndarray, where: str) -> None:

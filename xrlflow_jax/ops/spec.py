@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import math
 from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from xrlflow_jax.errors import UnknownOpError
+from xrlflow_jax.errors import ShapeError, UnknownOpError
 
 MAX_RANK = 6  # R: the padded rank of every shape vector.
 ATTR_WIDTH = 16  # A: the width of every attribute vector.
@@ -312,3 +313,26 @@ def get(op: int | str) -> OpSpec:
 def all_specs() -> list[OpSpec]:
   """Every registered op, by code."""
   return [_REGISTRY[c] for c in sorted(_REGISTRY)]
+
+
+INT32_MAX = 2**31 - 1
+
+
+def checked_dims(dims: Sequence[Any]) -> tuple[int, ...]:
+  """A user-given shape as ints: each dim an integer in [1, 2^31 - 1] and at most 2^31 - 1
+  elements in all (the graph stores sizes as int32). ShapeError says which dim and why."""
+  if isinstance(dims, (str, bytes)) or not isinstance(dims, Sequence):
+    raise ShapeError(f"a shape must be a sequence of ints (e.g. (1, 3, 224, 224)), got "
+                     f"{dims!r}")
+  out = []
+  for i, d in enumerate(dims):
+    if isinstance(d, (bool, np.bool_)) or not isinstance(d, (int, np.integer)):
+      raise ShapeError(f"dim {i} is {d!r}, not an integer")
+    if not 1 <= int(d) <= INT32_MAX:
+      raise ShapeError(f"dim {i} is {int(d)}; dims must lie in [1, {INT32_MAX}]")
+    out.append(int(d))
+  if math.prod(out) > INT32_MAX:
+    raise ShapeError(f"shape {out} has {math.prod(out)} elements, more than {INT32_MAX} (the "
+                     "graph's int32 sizes)")
+  return tuple(out)
+
