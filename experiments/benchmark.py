@@ -145,8 +145,8 @@ def benchmark_model(spec, ruleset, coeffs, methods: list[str]) -> list[dict[str,
         policy = B.train_ppo([spec.label], [graph], [params], ppo_config(spec.source), coeffs,
                              ruleset, log=lambda s: print("  " + s, flush=True))
         _, train_cost = policy.best(0)
-        rollout = B.policy_outcomes(policy, graph, params, samples=_PPO_SAMPLES.value,
-                                    seed=_SEED.value)[-1]
+        rollout = B.policy_outcome(policy, graph, params, samples=_PPO_SAMPLES.value,
+                                   label="ppo", seed=_SEED.value)
         out = B.Outcome("ppo", rollout.graph, rollout.modelled_cost,
                         policy.seconds + rollout.seconds, rollout.rewrites,
                         f"trained policy: argmax + {_PPO_SAMPLES.value} sampled rollouts after "

@@ -25,8 +25,6 @@ from absl import app, flags
 
 from xrlflow_jax import benchmarking as B
 from xrlflow_jax import cost, measure, search, workflow
-from xrlflow_jax.agents import runs
-from xrlflow_jax.rules import RuleSet
 
 _MODELS = flags.DEFINE_list("models", ["squeezenet1_1", "resnet18"], "Zoo models or .onnx files.")
 _SIZE = flags.DEFINE_enum("size", "tiny", ["tiny", "default"], "Zoo model size.")
@@ -49,7 +47,7 @@ def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
 
 def neutral_rewrite(graph, coeffs):
   """The graph after one add_commute (a + b -> b + a), or None when it has no Add."""
-  expander = search.get_expander(RuleSet(runs.select_rules(["add_commute"])), coeffs)
+  expander = search.get_expander(workflow.ruleset(["add_commute"]), coeffs)
   mask, nodes = expander.match(graph)
   hits = np.argwhere(mask)
   if not hits.size:

@@ -176,11 +176,15 @@ def run_search(method: str, graph: Graph, params: ParamStore, ruleset, coeffs, o
                  len(r.rewrites), note)
 
 
+def reason(error: BaseException) -> str:
+  """"TypeName: first line of the message" (at most 160 characters of it) for report notes."""
+  first = (str(error).strip().splitlines() or [""])[0]
+  return f"{type(error).__name__}: {first[:160]}"
+
+
 def failed(method: str, error: Exception, seconds: float = 0.0) -> Outcome:
   """An Outcome for a method that raised (the report keeps the row, honestly empty)."""
-  first = (str(error).strip().splitlines() or [""])[0]
-  return Outcome(method, None, float("nan"), seconds, None,
-                 f"failed: {type(error).__name__}: {first[:160]}")
+  return Outcome(method, None, float("nan"), seconds, None, f"failed: {reason(error)}")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -239,28 +243,29 @@ def train_ppo(names: Sequence[str], graphs: Sequence[Graph], params: Sequence[Pa
   return TrainedPolicy(run, state, metrics, seconds, cfg.num_updates * cfg.batch_size)
 
 
-def policy_outcomes(policy: TrainedPolicy, graph: Graph, params: ParamStore, *,
-                    samples: int = 8, steps: int | None = None, seed: int = 0) -> list[Outcome]:
+def policy_outcome(policy: TrainedPolicy, graph: Graph, params: ParamStore, *, samples: int,
+                   label: str, steps: int | None = None, seed: int = 0) -> Outcome:
   """The trained policy on a (possibly unseen) graph, through the policy search driver (the
-  one policy-inference path: `search.optimize(..., "policy")`, observations as in training).
-
-  Returns two Outcomes: "ppo-argmax" (the most likely action each step) and "ppo-best-of-K"
-  (the argmax rollout and K = `samples` sampled ones, the cheapest graph any reached). Each
-  keeps the cheapest graph under the cost model (the input when nothing is cheaper) with its
-  replayable rewrite count.
-  """
+  one policy-inference path: `search.optimize(..., "policy")`, observations as in training):
+  the argmax rollout and `samples` sampled ones, the cheapest graph any reached under the cost
+  model (the input when nothing is cheaper), with its replayable rewrite count."""
   from xrlflow_jax import search  # pylint: disable=g-import-not-at-top
   run = policy.run
+  t0 = time.perf_counter()
   expander = search.get_expander(run.ruleset, run.coeffs)
-  out = []
-  for label, k in (("ppo-argmax", 0), (f"ppo-best-of-{samples}", samples)):
-    t0 = time.perf_counter()
-    r = search.optimize(graph, params, "policy", expander=expander, agent=run.agent,
-                        network_params=policy.state, env=run.env, steps=steps, num_samples=k,
-                        seed=seed)
-    out.append(Outcome(label, r.best_graph, float(r.best_cost_ms), time.perf_counter() - t0,
-                       len(r.rewrites)))
-  return out
+  r = search.optimize(graph, params, "policy", expander=expander, agent=run.agent,
+                      network_params=policy.state, env=run.env, steps=steps,
+                      num_samples=samples, seed=seed)
+  return Outcome(label, r.best_graph, float(r.best_cost_ms), time.perf_counter() - t0,
+                 len(r.rewrites))
+
+
+def policy_outcomes(policy: TrainedPolicy, graph: Graph, params: ParamStore, *,
+                    samples: int = 8, steps: int | None = None, seed: int = 0) -> list[Outcome]:
+  """Two `policy_outcome`s: "ppo-argmax" (the most likely action each step only) and
+  "ppo-best-of-K" (the argmax rollout and K = `samples` sampled ones)."""
+  return [policy_outcome(policy, graph, params, samples=k, label=label, steps=steps, seed=seed)
+          for label, k in (("ppo-argmax", 0), (f"ppo-best-of-{samples}", samples))]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -288,22 +293,18 @@ def measure_side_by_side(original: Graph, params: ParamStore,
   """Latency of `original` and of each graph, timed interleaved in one process with an
   identical copy of the original as control (`measure.compare`), and each graph's outputs
   compared with the original's on the same random inputs."""
-  present = [g for g in graphs if g is not None]
-  for g in present:
-    G.validate(g, params)
+  present = [g for g in graphs if g is not None]  # compiling validates each of them
   cmp = measure.compare(original, present, params, rounds=rounds,
                         repeats_per_round=repeats_per_round, backend=backend,
                         tolerance=measure.DEFAULT_TOLERANCE)
-  stats, speedups, numerics = [], [], []
-  k = 0
-  for g in graphs:
-    if g is None:
-      stats.append(None), speedups.append(None), numerics.append(None)
-      continue
-    stats.append(cmp.candidates[k]), speedups.append(cmp.speedups[k])
-    numerics.append(cmp.numerics[k])
-    k += 1
-  return Measured(cmp.reference, stats, speedups, numerics)
+  index = iter(range(len(present)))
+  at = [None if g is None else next(index) for g in graphs]
+
+  def per_graph(values: Sequence[Any]) -> list[Any]:
+    return [None if i is None else values[i] for i in at]
+
+  return Measured(cmp.reference, per_graph(cmp.candidates), per_graph(cmp.speedups),
+                  per_graph(cmp.numerics))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -342,9 +343,7 @@ def outcome_rows(base: Mapping[str, Any], original: Outcome, outcomes: Sequence[
 def failed_row(base: Mapping[str, Any], error: BaseException, what: str = "failed"
                ) -> dict[str, Any]:
   """A row for a model that could not be benchmarked, with its reason."""
-  first = (str(error).strip().splitlines() or [""])[0]
-  return {**base, "method": "original", "status": "failed",
-          "note": f"{what}: {type(error).__name__}: {first[:160]}"}
+  return {**base, "method": "original", "status": "failed", "note": f"{what}: {reason(error)}"}
 
 
 def failures(rows: Sequence[Mapping[str, Any]]) -> list[str]:

@@ -127,17 +127,26 @@ def _index_bounds(g: layout.Graph, table: np.ndarray) -> dict[int, int]:
   return bounds
 
 
-def _constant_operand(value: Any, node: int) -> jax.Array:
-  """A Constant node's value as a JAX array; ShapeError when integers would wrap (int64 values
-  outside int32 while jax_enable_x64 is off) instead of computing something else."""
+def integer_overflow(value: Any) -> str:
+  """"" when `value` fits the dtype JAX computes it in; else why not (int64 values outside
+  int32 while jax_enable_x64 is off would wrap)."""
   value = np.asarray(value)
-  run = jax.dtypes.canonicalize_dtype(value.dtype)
-  if run != value.dtype and np.issubdtype(value.dtype, np.integer) and value.size:
-    info = np.iinfo(run)
-    if value.min() < info.min or value.max() > info.max:
-      raise ShapeError(f"constant node {node} holds {value.dtype} values in [{value.min()}, "
-                       f"{value.max()}] that do not fit {np.dtype(run).name} (JAX without x64); "
-                       "enable jax_enable_x64 (JAX_ENABLE_X64=1) to run this graph")
+  run = np.dtype(jax.dtypes.canonicalize_dtype(value.dtype))
+  if run == value.dtype or not np.issubdtype(value.dtype, np.integer) or not value.size:
+    return ""
+  info = np.iinfo(run)
+  lo, hi = int(value.min()), int(value.max())
+  if lo >= info.min and hi <= info.max:
+    return ""
+  return (f"{value.dtype} values in [{lo}, {hi}] do not fit {run.name}, which JAX computes "
+          f"{value.dtype.name} in without x64; enable jax_enable_x64 (JAX_ENABLE_X64=1)")
+
+
+def _constant_operand(value: Any, node: int) -> jax.Array:
+  """A Constant node's value as a JAX array; ShapeError when integers would wrap."""
+  why = integer_overflow(value)
+  if why:
+    raise ShapeError(f"constant node {node} holds {why} to run this graph")
   return jnp.asarray(value)
 
 

@@ -288,39 +288,31 @@ def compare(reference: layout.Graph, candidates: Sequence[layout.Graph], params:
   if time_unchanged:  # every candidate its own executable, compared like a changed graph
     ref_hash = ""
     hashes = [f"{h}/{i}" for i, h in enumerate(hashes)]
-  unique: dict[str, layout.Graph] = {}
+  # Executable index per hash: 0 the reference, 1 its identical copy, then each new candidate.
+  slot = {ref_hash: 0}
+  changed: list[layout.Graph] = []
   for h, g in zip(hashes, candidates):
-    if h != ref_hash and h not in unique:
-      unique[h] = g
+    if h not in slot:
+      slot[h] = 2 + len(changed)
+      changed.append(g)
   compiled = [latency.compile_graph(reference, params, device=device, seed=seed,
                                     what="the reference graph")]
-  if unique:
+  if changed:
     compiled.append(latency.compile_graph(reference, params, device=device, seed=seed,
                                           what="the reference's identical copy"))
-  for i, g in enumerate(unique.values()):
-    compiled.append(latency.compile_graph(g, params, device=device, seed=seed,
-                                          what=f"candidate {i}"))
+  compiled += [latency.compile_graph(g, params, device=device, seed=seed, what=f"candidate {i}")
+               for i, g in enumerate(changed)]
   times = latency.time_interleaved(compiled, rounds=rounds, repeats_per_round=repeats_per_round,
                                    warmup=warmup, seed=seed)
   stats = [latency.stats_of(t, c) for t, c in zip(times, compiled)]
   medians = [np.array([np.median(r) for r in t]) for t in times]
-  by_hash: dict[str, tuple[latency.LatencyStats, Speedup, int]] = {}
-  for k, h in enumerate(unique):
-    j = k + 2
-    by_hash[h] = (stats[j], speedup(medians[0], medians[j], medians[1], seed=seed), j)
-  cand_stats, speedups = [], []
-  for h in hashes:
-    if h == ref_hash:
-      cand_stats.append(stats[0])
-      speedups.append(Speedup.unchanged())
-    else:
-      cand_stats.append(by_hash[h][0])
-      speedups.append(by_hash[h][1])
+  verdicts = {j: speedup(medians[0], medians[j], medians[1], seed=seed)
+              for j in range(2, len(compiled))}
+  used = [slot[h] for h in hashes]
+  cand_stats = [stats[j] for j in used]
+  speedups = [verdicts[j] if j else Speedup.unchanged() for j in used]
   numerics = None
   if tolerance is not None:
-    outputs = [c.fn(*c.args) for c in compiled]
-    numerics = []
-    for h in hashes:
-      j = 0 if h == ref_hash else by_hash[h][2]
-      numerics.append(compare_outputs(outputs[0], outputs[j], tolerance=tolerance))
-  return Comparison(stats[0], stats[1] if unique else None, cand_stats, speedups, numerics)
+    outputs = {j: compiled[j].fn(*compiled[j].args) for j in {0, *used}}
+    numerics = [compare_outputs(outputs[0], outputs[j], tolerance=tolerance) for j in used]
+  return Comparison(stats[0], stats[1] if changed else None, cand_stats, speedups, numerics)

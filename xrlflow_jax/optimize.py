@@ -41,19 +41,18 @@ from typing import Any, Callable, Mapping, Sequence
 import jax
 import numpy as np
 
-from xrlflow_jax import compilation_cache, cost, ops
+from xrlflow_jax import compilation_cache, cost, ops, workflow
 from xrlflow_jax import graph as G
 from xrlflow_jax.configs import ppo as ppo_configs
 from xrlflow_jax.errors import ShapeError, UsageError
-from xrlflow_jax.ops.spec import checked_dims
 from xrlflow_jax.graph import layout
-from xrlflow_jax.search.result import JOB_METHODS as METHODS
-from xrlflow_jax import workflow
-from xrlflow_jax.workflow import SIZES, Loaded, load, resolve
-from xrlflow_jax.workflow import fit_capacity  # noqa: F401  (part of this module's API)
 from xrlflow_jax.measure import (DEFAULT_TOLERANCE, Comparison, MeasurementError,
                                  NumericsCheck, NumericsError, Speedup, check_numerics,
                                  check_settings, compare)
+from xrlflow_jax.ops.spec import checked_dims
+from xrlflow_jax.search.result import JOB_METHODS as METHODS
+from xrlflow_jax.workflow import SIZES, Loaded, load, resolve
+from xrlflow_jax.workflow import fit_capacity  # noqa: F401  (part of this module's API)
 
 DEFAULT_MODEL = "squeezenet1_1"
 # The random inputs, the weights and the two largest tensors must fit in this share of the
@@ -498,8 +497,9 @@ def default_output_dir(label: str, method: str) -> Path:
 # Checking (everything the job can refuse is refused before loading or searching)
 # ----------------------------------------------------------------------------------------------
 
-def _positive_int(value: Any, what: str, *, allow_none: bool = True) -> None:
-  if value is None and allow_none:
+def _positive_int(value: Any, what: str) -> None:
+  """OptimizeError unless `value` is None (the default) or an integer >= 1."""
+  if value is None:
     return
   if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
     raise OptimizeError(f"{what} must be a positive integer, got {value!r}")
@@ -525,7 +525,8 @@ def check_output_dir(path: str | os.PathLike) -> Path:
 
 def check_request(source: str, *, method: str, size: str,
                   input_shapes: Mapping[str, Sequence[int]] | None, output_dir: Any,
-                  budget: int | None, capacity: int | None, latency_rounds: int, repeats_per_round: int, tolerance: float,
+                  budget: int | None, capacity: int | None, latency_rounds: int,
+                  repeats_per_round: int, tolerance: float,
                   write: bool) -> dict[str, tuple[int, ...]]:
   """Every argument of `optimize_model` that can be checked without loading: OptimizeError
   (or MeasurementError) naming the argument. Returns the input shapes as int tuples."""
@@ -544,10 +545,7 @@ def check_request(source: str, *, method: str, size: str,
     raise OptimizeError(f"{e} (--latency_rounds, --repeats_per_round)") from None
   shapes = {}
   for name, dims in dict(input_shapes or {}).items():
-    if isinstance(dims, str):
-      raise OptimizeError(f"input {name!r}: the shape must be a sequence of ints, got the text "
-                          f"{dims!r} (parse it with parse_input_shape, or give a tuple)")
-    shapes[str(name)] = check_shape(str(name), list(dims))
+    shapes[str(name)] = check_shape(str(name), dims)
   spec = resolve(source, size)  # LoadError: unknown name, a folder, a missing file
   if shapes and not spec.is_onnx:
     raise OptimizeError("input shapes apply to ONNX files only; zoo models have fixed shapes")
@@ -558,20 +556,20 @@ def check_request(source: str, *, method: str, size: str,
 
 def memory_need(graph: layout.Graph) -> tuple[int, int, int, str]:
   """(bytes of the graph's inputs, of its constants, of its largest tensor, that tensor as
-  "node 12 (MATMUL) [1024, 4096] float32")."""
-  arrays = G.to_arrays(graph)
-  inputs = consts = largest = 0
-  what = ""
-  for v in np.flatnonzero(arrays["alive"]):
-    shape = [int(d) for d in ops.unpad_shape(arrays["shape"][v], arrays["rank"][v])]
-    code, op = int(arrays["dtype"][v]), int(arrays["op"][v])
-    nbytes = math.prod(shape) * int(ops.dtype_size(np, code))
-    inputs += nbytes if op == int(ops.Op.INPUT) else 0
-    consts += nbytes if op == int(ops.Op.CONSTANT) else 0
-    if nbytes > largest:
-      largest = nbytes
-      what = f"node {int(v)} ({ops.Op(op).name}) {shape} {ops.DType(code).name.lower()}"
-  return inputs, consts, largest, what
+  "node 12 (MATMUL) [1024, 4096] float32"). Padded dims are 1, so a row's product is its size;
+  float64 keeps products of int32 dims exact enough for a memory estimate."""
+  nd = G.to_arrays(graph)
+  alive = nd["alive"]
+  nbytes = np.prod(nd["shape"].astype(np.float64), axis=1) * \
+      np.asarray(ops.dtype_size(np, nd["dtype"]), np.float64)
+  nbytes = np.where(alive, nbytes, 0.0)
+  inputs = int(nbytes[nd["op"] == int(ops.Op.INPUT)].sum())
+  consts = int(nbytes[nd["op"] == int(ops.Op.CONSTANT)].sum())
+  v = int(np.argmax(nbytes))
+  shape = [int(d) for d in ops.unpad_shape(nd["shape"][v], nd["rank"][v])]
+  what = (f"node {v} ({ops.Op(int(nd['op'][v])).name}) {shape} "
+          f"{ops.DType(int(nd['dtype'][v])).name.lower()}")
+  return inputs, consts, int(nbytes[v]), what
 
 
 def device_memory_bytes() -> int:
@@ -707,20 +705,21 @@ def optimize_model(source: str = DEFAULT_MODEL, *, method: str = "ppo", size: st
   t = time.perf_counter()
   best = found.graph
   G.validate(best, loaded.params)
-  numerics = check_numerics(loaded.graph, best, loaded.params, seed=seed, tolerance=tolerance)
-  times["check"] = time.perf_counter() - t
+  lat_before = lat_after = verdict = None
+  if measure:  # one set of compiles: the timed executables' outputs are the numerics check
+    comparison = compare(loaded.graph, [best], loaded.params, rounds=latency_rounds,
+                         repeats_per_round=repeats_per_round, seed=seed, tolerance=tolerance)
+    numerics = comparison.numerics[0]
+    lat_before, lat_after, verdict = (comparison.reference, comparison.candidates[0],
+                                      comparison.speedups[0])
+    times["check+measure"] = time.perf_counter() - t
+  else:
+    numerics = check_numerics(loaded.graph, best, loaded.params, seed=seed, tolerance=tolerance)
+    times["check"] = time.perf_counter() - t
   if not numerics.passed:
     raise NumericsError(f"the optimised graph's outputs differ from the original's: "
                         f"{numerics.describe()}; nothing was written")
-
-  lat_before = lat_after = verdict = None
   if measure:
-    t = time.perf_counter()
-    comparison = compare(loaded.graph, [best], loaded.params, rounds=latency_rounds,
-                         repeats_per_round=repeats_per_round, seed=seed)
-    lat_before, lat_after, verdict = (comparison.reference, comparison.candidates[0],
-                                      comparison.speedups[0])
-    times["measure"] = time.perf_counter() - t
     if not keep_slower:
       found, lat_after, verdict = measured_guard(loaded, found, comparison)
       if "measured_guard" in found.details:

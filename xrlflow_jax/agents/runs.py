@@ -6,7 +6,6 @@ training benchmark and tests; see `xrlflow_jax/configs/ppo.py` for the fields.
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 from typing import Any, Sequence
 
 import jax
@@ -49,8 +48,7 @@ def load_pool(model_cfg: Any) -> tuple[list[str], list[Graph], list[ParamStore]]
       raise AgentError("the config names no model (set model.name or model.onnx)")
     specs = [workflow.resolve(n, str(model_cfg.size)) for n in names]
   loaded = workflow.load_many(specs, capacity=capacity, seed=int(model_cfg.seed))
-  names = [Path(s.source).stem if s.is_onnx else s.label for s in specs]
-  return names, [x.graph for x in loaded], [x.params for x in loaded]
+  return [x.label for x in loaded], [x.graph for x in loaded], [x.params for x in loaded]
 
 
 select_rules = workflow.select_rules  # the one home: xrlflow_jax/workflow/rulesets.py

@@ -17,12 +17,11 @@ import os
 import time
 from typing import Any, Mapping, Sequence
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import onnx
 
-from xrlflow_jax import ops
+from xrlflow_jax import executor, ops
 from xrlflow_jax.errors import CapacityError, OnnxImportError, ShapeError, UnsupportedOnnxOpError
 from xrlflow_jax.graph import layout
 from xrlflow_jax.graph.builder import GraphBuilder, Tensor
@@ -113,22 +112,6 @@ def _given_shape(given: Any, where: str) -> tuple[int, ...]:
     return checked_dims(given)
   except ShapeError as e:
     raise OnnxImportError(f"{where}input_shapes: {e}") from None
-
-
-def _check_integer_range(value: np.ndarray, where: str) -> None:
-  """OnnxImportError when integer values do not fit the dtype JAX computes in (int64 becomes
-  int32 unless jax_enable_x64 is on): wrapping them would silently change the model."""
-  if not np.issubdtype(value.dtype, np.integer) or not value.size:
-    return
-  run = np.dtype(jax.dtypes.canonicalize_dtype(value.dtype))
-  if run == value.dtype:
-    return
-  info = np.iinfo(run)
-  lo, hi = int(value.min()), int(value.max())
-  if lo < info.min or hi > info.max:
-    raise OnnxImportError(f"{where}{value.dtype} values in [{lo}, {hi}] do not fit {run.name}, "
-                          f"which JAX computes {value.dtype.name} in without x64; enable "
-                          "jax_enable_x64 (JAX_ENABLE_X64=1) to import this model")
 
 
 def _input_shape(vi: onnx.ValueInfoProto, given: Sequence[int] | None, label: str) -> tuple[
@@ -352,7 +335,9 @@ class _Importer:
         raise OnnxImportError(f"{where}shape {list(c.value.shape)} is not supported (rank <= "
                               f"{MAX_RANK}, no zero-size dims)")
       del dtype
-      _check_integer_range(c.value, where)
+      why = executor.integer_overflow(c.value)
+      if why:
+        raise OnnxImportError(f"{where}{why} to import this model")
       c.name = unique_name(c.name, self.const_names)
       try:
         c.tensor = self.b.constant(c.value, name=c.name)

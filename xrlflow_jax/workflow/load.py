@@ -288,8 +288,8 @@ def load_many(specs: Sequence[ModelSpec], *, capacity: int | None = None, seed: 
   if not ok:
     return loaded
   cap = max(G.capacity(x.graph) for x in ok)
-  return [x if not isinstance(x, Loaded) or G.capacity(x.graph) == cap else one(s, cap)
-          for s, x in zip(specs, loaded)]
+  return [dataclasses.replace(x, graph=fit_capacity(x.graph, cap)) if isinstance(x, Loaded)
+          else x for x in loaded]
 
 
 def as_graph_params(items: Sequence[Loaded | Exception]) -> list[Any]:
