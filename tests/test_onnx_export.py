@@ -197,3 +197,82 @@ def test_identical_folded_constants_export_once(tmp_path: Path):
   assert weights == [(4, 8)], weights  # (Slice's starts/ends are 1-D initializers)
   inputs, ours = _ours(graph, params)
   _assert_close(ours, _ort_outputs(path, [], inputs))
+
+
+def _issue17_model() -> onnx.ModelProto:
+  """One model with every op issue 17 added: comparisons and logic, maths, activations,
+  reductions, ArgMax/ArgMin, LogSoftmax, Expand and Tile (one compile for all of them)."""
+  from onnx import TensorProto, helper, numpy_helper  # pylint: disable=g-import-not-at-top
+  n = helper.make_node
+  f = TensorProto.FLOAT
+  nodes = [
+      n("Floor", ["x"], ["fx"]), n("Floor", ["r"], ["fr"]), n("Equal", ["fx", "fr"], ["eq"]),
+      n("Less", ["fx", "fr"], ["lt"]), n("Greater", ["fx", "fr"], ["gt"]),
+      n("LessOrEqual", ["fx", "fr"], ["le"]), n("GreaterOrEqual", ["fx", "fr"], ["ge"]),
+      n("Not", ["eq"], ["ne"]), n("And", ["le", "ge"], ["an"]), n("Or", ["lt", "ne"], ["oo"]),
+      n("Xor", ["an", "oo"], ["xo"]), n("Where", ["xo", "x", "fx"], ["w"]),
+      n("Sign", ["x"], ["sg"]), n("Abs", ["w"], ["ab"]), n("Ceil", ["ab"], ["ce"]),
+      n("Round", ["x"], ["rd"]), n("Mod", ["x", "d"], ["md"], fmod=1),
+      n("Log", ["x"], ["lg"]), n("IsNaN", ["lg"], ["nan"]), n("Reciprocal", ["fx"], ["rc"]),
+      n("IsInf", ["rc"], ["inf"], detect_negative=0),
+      n("PRelu", ["x", "s"], ["a1"]), n("LeakyRelu", ["a1"], ["a2"], alpha=0.2),
+      n("Elu", ["a2"], ["a3"], alpha=0.5), n("Selu", ["x"], ["a4"]),
+      n("Celu", ["a4"], ["a5"], alpha=0.7), n("Softplus", ["a5"], ["a6"]),
+      n("Softsign", ["a6"], ["a7"]), n("Mish", ["x"], ["a8"]),
+      n("Shrink", ["a8"], ["a9"], bias=0.1, lambd=0.3),
+      n("ThresholdedRelu", ["a9"], ["a10"], alpha=0.05),
+      n("ReduceMax", ["x", "ax"], ["r1"]), n("ReduceMin", ["x", "ax"], ["r2"], keepdims=0),
+      n("ReduceProd", ["sg", "ax"], ["r3"]), n("ReduceL1", ["x", "ax2"], ["r4"]),
+      n("ReduceL2", ["x", "ax2"], ["r5"], keepdims=0), n("ReduceLogSumExp", ["x", "ax"], ["r6"]),
+      n("ArgMax", ["fx"], ["i1"], axis=1, select_last_index=1),
+      n("ArgMin", ["x"], ["i2"], axis=3, keepdims=0), n("LogSoftmax", ["x"], ["ls"], axis=1),
+      n("Expand", ["col", "shp"], ["ex"]), n("Greater", ["col", "zero"], ["pos"]),
+      n("Expand", ["pos", "shp"], ["exb"]), n("Tile", ["col", "reps"], ["ti"]),
+  ]
+  outputs = ["xo", "ce", "rd", "md", "nan", "inf", "a3", "a7", "a10", "r1", "r2", "r3", "r4",
+             "r5", "r6", "i1", "i2", "ls", "ex", "exb", "ti"]
+  inits = {"r": np.asarray([0.1, -1.2, 0.5, 2.2, -0.3, 0.0, 1.0, -2.5], np.float32),
+           "d": np.asarray([0.7, -0.7, 1.3, -2.0, 0.4, 3.0, -0.3, 1.0], np.float32),
+           "s": np.asarray([0.1, 0.2, 0.3], np.float32).reshape(3, 1, 1),
+           "ax": np.asarray([1], np.int64), "ax2": np.asarray([2, 3], np.int64),
+           "shp": np.asarray([2, 3, 4, 5], np.int64), "zero": np.float32(0.0),
+           "reps": np.asarray([1, 2, 3], np.int64)}
+  graph = helper.make_graph(
+      nodes, "issue17", [helper.make_tensor_value_info("x", f, [2, 3, 8, 8]),
+                         helper.make_tensor_value_info("col", f, [3, 1, 1])],
+      [helper.make_empty_tensor_value_info(o) for o in outputs],
+      [numpy_helper.from_array(v, k) for k, v in inits.items()])
+  return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=8)
+
+
+def test_issue17_ops_round_trip(tmp_path: Path):
+  """Import, export (checker with strict shape inference), re-import to the same graph, and
+  onnxruntime on the exported file computes what the executor computes (exactly, for bool and
+  integer results)."""
+  model = _issue17_model()
+  g1, p1 = onnx_io.load(model)
+  path = tmp_path / "issue17.onnx"
+  exported = onnx_io.save(g1, p1, path)
+  written = {nd.op_type for nd in exported.graph.node}
+  wanted = {nd.op_type for nd in model.graph.node} - {"Log", "Reciprocal", "Where"}
+  assert wanted <= written, wanted - written
+  onnx.shape_inference.infer_shapes_path(str(path), str(tmp_path / "inferred.onnx"),
+                                         strict_mode=True)
+  g2, _ = onnx_io.load(path)
+  assert host.structural_hash(g1) == host.structural_hash(g2)
+  inputs, ours = _ours(g1, p1)
+  theirs = _ort_outputs(path, p1.input_names, inputs)
+  original = _ort_outputs_of_model(model, inputs)
+  for name, a, b, c in zip(p1.output_names, ours, theirs, original):
+    assert a.shape == b.shape == c.shape, (name, a.shape, b.shape, c.shape)
+    if not np.issubdtype(b.dtype, np.floating):
+      np.testing.assert_array_equal(a, b, err_msg=name)
+      np.testing.assert_array_equal(b, c, err_msg=name)
+    else:
+      np.testing.assert_allclose(a, b, rtol=2e-5, atol=2e-5, err_msg=name)
+      np.testing.assert_allclose(b, c, rtol=2e-5, atol=2e-5, err_msg=name)
+
+
+def _ort_outputs_of_model(model: onnx.ModelProto, inputs: list[np.ndarray]) -> list[np.ndarray]:
+  session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+  return session.run(None, {i.name: x for i, x in zip(session.get_inputs(), inputs)})

@@ -19,6 +19,7 @@ import warnings
 import zlib
 from typing import Any, Callable, Sequence
 
+import jax
 import numpy as np
 import pytest
 
@@ -37,8 +38,10 @@ class Arg:
   Attributes:
     shape: the operand's shape.
     kind: value distribution: "normal" N(0, 1); "wide" U(-6, 6); "positive" U(0.5, 2); "away"
-      +-U(0.5, 2) (a safe divisor); "sparse" N(0, 1) with about a third exact zeros; "bool";
-      "int" integers in [-10, 10]; "index<b>" integers in [-b, b) (negative indices included).
+      +-U(0.5, 2) (a safe divisor); "sparse" N(0, 1) with about a third exact zeros; "special"
+      N(0, 1) with NaN, +-inf and zeros; "halves" multiples of 0.5 in [-4, 4]; "bool"; "int"
+      integers in [-10, 10]; "nonzero_int" integers in [-9, 9] but 0; "small_int" integers in
+      [0, 3]; "index<b>" integers in [-b, b) (negative indices included).
     dtype: numpy dtype name.
   """
   shape: tuple[int, ...]
@@ -95,6 +98,17 @@ def make_values(case: OpCase) -> list[np.ndarray]:
       value = rng.random(shape) < 0.5
     elif arg.kind == "int":
       value = rng.integers(-10, 11, shape)
+    elif arg.kind == "special":  # N(0, 1) with NaNs, +inf, -inf and zeros mixed in
+      value = rng.standard_normal(shape)
+      pick = rng.random(shape)
+      value = np.where(pick < 0.15, np.nan, np.where(pick < 0.3, np.inf, np.where(
+          pick < 0.45, -np.inf, np.where(pick < 0.55, 0.0, value))))
+    elif arg.kind == "halves":  # multiples of 0.5 in [-4, 4]: ties of Round
+      value = rng.integers(-8, 9, shape) / 2.0
+    elif arg.kind == "nonzero_int":  # integers in [-9, 9] without 0 (a safe integer divisor)
+      value = rng.integers(1, 10, shape) * rng.choice([-1, 1], shape)
+    elif arg.kind == "small_int":  # integers in [0, 3]: many ties
+      value = rng.integers(0, 4, shape)
     elif arg.kind.startswith("index"):
       bound = int(arg.kind[5:])
       value = rng.integers(-bound, bound, shape)
@@ -642,6 +656,185 @@ def _merge_gconv_cases() -> list[OpCase]:
           for ws, g, c in MERGE_GCONV_CONFIGS]
 
 
+# ------------------------------------------------------------------ issue 17's ops
+# One or two small cases per op keep the default suite cheap; the compare/logic and activation
+# references are plain numpy, written from the ONNX definitions.
+
+def ref_elu(x: np.ndarray, alpha: float = 1.0) -> np.ndarray:
+  """ONNX Elu: x for x >= 0, alpha * (exp(x) - 1) below."""
+  return np.where(x >= 0, x, alpha * (np.exp(np.minimum(x, 0)) - 1.0))
+
+
+def ref_softplus(x: np.ndarray) -> np.ndarray:
+  """ln(exp(x) + 1), computed without overflow."""
+  return np.maximum(x, 0) + np.log1p(np.exp(-np.abs(x)))
+
+
+_SELU_ALPHA, _SELU_GAMMA = 1.67326319217681884765625, 1.05070102214813232421875
+
+# op: (reference, value kind, attributes)
+ONNX_UNARY_REFS: dict[str, tuple[Reference, str, dict[str, Any]]] = {
+    "Sign": (np.sign, "sparse", {}),
+    "Abs": (np.abs, "normal", {}),
+    "Floor": (np.floor, "halves", {}),
+    "Ceil": (np.ceil, "halves", {}),
+    "Round": (np.round, "halves", {}),  # numpy rounds halves to even, as ONNX does
+    "LeakyRelu": (lambda x: np.where(x < 0, 0.1 * x, x), "normal", {"alpha": 0.1}),
+    "Elu": (lambda x: ref_elu(x, 0.7), "wide", {"alpha": 0.7}),
+    "Selu": (lambda x: _SELU_GAMMA * ref_elu(x, _SELU_ALPHA), "wide", {}),
+    "Celu": (lambda x: np.maximum(x, 0) + np.minimum(0.5 * (np.exp(np.minimum(x, 0) / 0.5) - 1),
+                                                     0), "wide", {"alpha": 0.5}),
+    "Softplus": (ref_softplus, "wide", {}),
+    "Softsign": (lambda x: x / (1 + np.abs(x)), "wide", {}),
+    "Mish": (lambda x: x * np.tanh(ref_softplus(x)), "wide", {}),
+    "Shrink": (lambda x: np.where(x < -0.6, x + 0.3, np.where(x > 0.6, x - 0.3, 0.0)), "wide",
+               {"bias": 0.3, "lambd": 0.6}),
+    "ThresholdedRelu": (lambda x: np.where(x > 0.4, x, 0.0), "normal", {"alpha": 0.4}),
+}
+
+
+def _activation_cases(op: str) -> list[OpCase]:
+  ref, kind, attrs = ONNX_UNARY_REFS[op]
+  cases = [OpCase(op, "rank3", (Arg((2, 3, 4), kind),), attrs, ref)]
+  if op in ("Sign", "Abs"):  # integers too
+    cases.append(OpCase(op, "int32", (Arg((3, 5), "int", "int32"),), attrs,
+                        lambda x, f=ref: f(x).astype(np.int32), float64=False, rtol=0, atol=0))
+  return cases
+
+
+COMPARE_REFS: dict[str, Reference] = {
+    "Equal": np.equal, "Less": np.less, "Greater": np.greater, "LessOrEqual": np.less_equal,
+    "GreaterOrEqual": np.greater_equal,
+}
+
+
+def _compare_cases(op: str) -> list[OpCase]:
+  ref = COMPARE_REFS[op]
+  # "small_int" makes ties, so == and <= differ from < on some elements.
+  return [OpCase(op, "f32_broadcast", (Arg((2, 3, 4), "small_int"), Arg((3, 1), "small_int")),
+                 {}, ref, rtol=0, atol=0),
+          OpCase(op, "int32", (Arg((3, 4), "int", "int32"), Arg((4,), "int", "int32")), {}, ref,
+                 rtol=0, atol=0)]
+
+
+LOGIC_REFS: dict[str, Reference] = {
+    "And": np.logical_and, "Or": np.logical_or, "Xor": np.logical_xor,
+}
+
+
+def _logic_cases(op: str) -> list[OpCase]:
+  return [OpCase(op, "broadcast", (Arg((2, 3, 4), "bool", "bool"), Arg((3, 1), "bool", "bool")),
+                 {}, LOGIC_REFS[op], rtol=0, atol=0)]
+
+
+def _not_cases() -> list[OpCase]:
+  return [OpCase("Not", "rank2", (Arg((3, 4), "bool", "bool"),), {}, np.logical_not, rtol=0,
+                 atol=0)]
+
+
+def _mod_cases() -> list[OpCase]:
+  return [OpCase("Mod", "fmod_float", (Arg((3, 4), "wide"), Arg((4,), "away")), {"fmod": True},
+                 np.fmod),
+          OpCase("Mod", "int32_sign_of_divisor",
+                 (Arg((3, 4), "int", "int32"), Arg((3, 4), "nonzero_int", "int32")),
+                 {"fmod": False}, np.mod, float64=False, rtol=0, atol=0),
+          OpCase("Mod", "int32_fmod", (Arg((3, 4), "int", "int32"), Arg((4,), "nonzero_int",
+                                                                         "int32")),
+                 {"fmod": True}, np.fmod, float64=False, rtol=0, atol=0)]
+
+
+def _is_nan_cases() -> list[OpCase]:
+  return [OpCase("IsNaN", "special", (Arg((4, 5), "special"),), {}, np.isnan, rtol=0, atol=0)]
+
+
+def _is_inf_cases() -> list[OpCase]:
+  return [OpCase("IsInf", f"pos{int(p)}_neg{int(n)}", (Arg((4, 5), "special"),),
+                 {"detect_positive": p, "detect_negative": n},
+                 lambda x, p=p, n=n: (np.isposinf(x) & p) | (np.isneginf(x) & n), rtol=0, atol=0)
+          for p, n in ((True, True), (False, True), (True, False))]
+
+
+def _prelu_cases() -> list[OpCase]:
+  return [OpCase("PRelu", "per_channel", (Arg((2, 3, 4, 4)), Arg((3, 1, 1))), {},
+                 lambda x, s: np.where(x < 0, s * x, x))]
+
+
+def _log_softmax_cases() -> list[OpCase]:
+  def ref(x, axis):
+    m = x.max(axis=axis, keepdims=True)
+    return x - m - np.log(np.exp(x - m).sum(axis=axis, keepdims=True))
+  return [OpCase("LogSoftmax", f"rank{len(s)}_axis{a}", (Arg(s, "wide"),), {"axis": a},
+                 lambda x, a=a: ref(x, a)) for s, a in (((2, 3, 4), 1), ((5,), 0))]
+
+
+def _ref_logsumexp(x, axis, keepdims):
+  m = np.max(x, axis=axis, keepdims=True)
+  out = np.log(np.sum(np.exp(x - m), axis=axis, keepdims=True)) + m
+  return out if keepdims else np.squeeze(out, axis=axis)
+
+
+REDUCE_REFS: dict[str, tuple[Reference, str]] = {
+    "ReduceMax": (np.max, "normal"), "ReduceMin": (np.min, "normal"),
+    "ReduceProd": (np.prod, "positive"),
+    "ReduceL1": (lambda x, axis, keepdims: np.sum(np.abs(x), axis=axis, keepdims=keepdims),
+                 "normal"),
+    "ReduceL2": (lambda x, axis, keepdims: np.sqrt(np.sum(x * x, axis=axis, keepdims=keepdims)),
+                 "normal"),
+    "ReduceLogSumExp": (_ref_logsumexp, "wide"),
+}
+
+
+def _more_reduce_cases(op: str) -> list[OpCase]:
+  fn, kind = REDUCE_REFS[op]
+  cases = [OpCase(op, f"rank{len(xs)}_axes{''.join(map(str, axes))}_keep{int(keep)}",
+                  (Arg(xs, kind),), {"axes": axes_bits(axes), "keepdims": keep},
+                  lambda x, a=axes, k=keep: fn(x, axis=a, keepdims=k))
+           for xs, axes, keep in (((2, 3, 4), (1,), True), ((2, 3, 4), (0, 2), False))]
+  if op in ("ReduceMax", "ReduceMin", "ReduceProd"):
+    cases.append(OpCase(op, "int32", (Arg((3, 4), "int", "int32"),), {"axes": axes_bits((1,))},
+                        lambda x: fn(x, axis=(1,), keepdims=True).astype(np.int32),
+                        float64=False, rtol=0, atol=0))
+  return cases
+
+
+def _ref_arg(x: np.ndarray, fn: Callable[..., np.ndarray], axis: int, keepdims: bool,
+             last: bool) -> np.ndarray:
+  """ONNX ArgMax/ArgMin: the first (or last) index of the extreme value along `axis`."""
+  if last:
+    idx = x.shape[axis] - 1 - fn(np.flip(x, axis), axis=axis)
+  else:
+    idx = fn(x, axis=axis)
+  return np.expand_dims(idx, axis) if keepdims else idx
+
+
+def _arg_cases(op: str) -> list[OpCase]:
+  fn = np.argmax if op == "ArgMax" else np.argmin
+  cases = []
+  for name, xs, kind, axis, keep, last in (("axis1_keep", (2, 5, 3), "normal", 1, True, False),
+                                           ("ties_first", (4, 6), "small_int", 1, False, False),
+                                           ("ties_last", (4, 6), "small_int", 0, True, True)):
+    cases.append(OpCase(op, name, (Arg(xs, kind),),
+                        {"axes": axes_bits((axis,)), "keepdims": keep, "select_last_index": last},
+                        lambda x, a=axis, k=keep, l=last: _ref_arg(x, fn, a, k, l), rtol=0,
+                        atol=0))
+  return cases
+
+
+def _expand_cases() -> list[OpCase]:
+  configs = [("to_rank3", (3, 1), (2, 3, 4)), ("same_rank", (1, 4), (3, 4))]
+  cases = [OpCase("Expand", name, (Arg(xs),), reshape_attrs(out),
+                  lambda x, o=out: np.broadcast_to(x, o)) for name, xs, out in configs]
+  cases.append(OpCase("Expand", "bool", (Arg((1, 3), "bool", "bool"),), reshape_attrs((2, 3)),
+                      lambda x: np.broadcast_to(x, (2, 3)), rtol=0, atol=0))
+  return cases
+
+
+def _tile_cases() -> list[OpCase]:
+  configs = [("rank2", (2, 3), (2, 3)), ("rank3_one_axis", (2, 1, 3), (1, 4, 1))]
+  return [OpCase("Tile", name, (Arg(xs),), {"reps": (1,) * (MAX_RANK - len(r)) + r},
+                 lambda x, r=r: np.tile(x, r)) for name, xs, r in configs]
+
+
 CASE_BUILDERS: dict[str, Callable[[], list[OpCase]]] = {
     **{op: (lambda op=op: _unary_cases(op)) for op in UNARY_REFS},
     **{op: (lambda op=op: _binary_cases(op)) for op in BINARY_REFS},
@@ -671,6 +864,20 @@ CASE_BUILDERS: dict[str, Callable[[], list[OpCase]]] = {
     "Gelu": _gelu_cases,
     "Enlarge": _enlarge_cases,
     "MergeGConv": _merge_gconv_cases,
+    **{op: (lambda op=op: _activation_cases(op)) for op in ONNX_UNARY_REFS},
+    **{op: (lambda op=op: _compare_cases(op)) for op in COMPARE_REFS},
+    **{op: (lambda op=op: _logic_cases(op)) for op in LOGIC_REFS},
+    "Not": _not_cases,
+    "Mod": _mod_cases,
+    "IsNaN": _is_nan_cases,
+    "IsInf": _is_inf_cases,
+    "PRelu": _prelu_cases,
+    "LogSoftmax": _log_softmax_cases,
+    **{op: (lambda op=op: _more_reduce_cases(op)) for op in REDUCE_REFS},
+    "ArgMax": lambda: _arg_cases("ArgMax"),
+    "ArgMin": lambda: _arg_cases("ArgMin"),
+    "Expand": _expand_cases,
+    "Tile": _tile_cases,
 }
 
 
@@ -717,7 +924,9 @@ def _check_case(case: OpCase, as_constants: bool) -> None:
   expected = np.asarray(case.reference(*ref_args))
   assert out.shape == expected.shape == stored_shape, (
       f"{case.id}: lowering gives {out.shape}, reference {expected.shape}, node {stored_shape}")
-  assert out.dtype == ops.numpy_dtype(stored_dtype), (out.dtype, stored_dtype)
+  # int64 nodes (ArgMax, ArgMin) compute in int32 unless jax_enable_x64 is on.
+  assert out.dtype == jax.dtypes.canonicalize_dtype(ops.numpy_dtype(stored_dtype)), (
+      out.dtype, stored_dtype)
   if not case.float64:
     assert out.dtype == expected.dtype, (out.dtype, expected.dtype)
   if case.rtol == 0 and case.atol == 0:
@@ -739,6 +948,26 @@ def test_op_numerics_folded(case: OpCase):
   _check_case(case, as_constants=True)
 
 
+# Ops whose output a positive rescaling of the operands need not change (the check below
+# rescales): Cast (rounding), Sign and the NaN/inf tests; comparisons of integer-valued floats
+# and ties of ArgMax/ArgMin are checked against hand-made values in test_issue17_references.
+SCALE_INVARIANT = {"Cast", "Sign", "IsNaN", "IsInf", *COMPARE_REFS, "ArgMax", "ArgMin"}
+
+
+def test_issue17_references():
+  """Hand-checked values for references the rescaling check cannot guard."""
+  x = np.asarray([[1.0, 3.0, 3.0, 0.0]])
+  assert _ref_arg(x, np.argmax, 1, False, False).tolist() == [1]
+  assert _ref_arg(x, np.argmax, 1, True, True).tolist() == [[2]]
+  assert _ref_arg(x, np.argmin, 1, False, True).tolist() == [3]
+  assert np.sign(np.asarray([-2.0, 0.0, 3.0])).tolist() == [-1.0, 0.0, 1.0]
+  assert np.round(np.asarray([0.5, 1.5, 2.5, -0.5])).tolist() == [0.0, 2.0, 2.0, -0.0]
+  assert np.mod(np.asarray([-7, 7]), np.asarray([3, -3])).tolist() == [2, -2]
+  assert np.fmod(np.asarray([-7, 7]), np.asarray([3, -3])).tolist() == [-1, 1]
+  values = make_values(_is_inf_cases()[0])[0]
+  assert np.isnan(values).any() and np.isposinf(values).any() and np.isneginf(values).any()
+
+
 def test_references_are_not_trivial():
   """Guards the harness: a reference that ignores its operands would let a case pass anything."""
   rng = np.random.default_rng(0)
@@ -749,7 +978,7 @@ def test_references_are_not_trivial():
     expected = np.asarray(case.reference(*ref_args))
     assert np.all(np.isfinite(expected.astype(np.float64))), f"{case.id}: non-finite reference"
     floats = [i for i, v in enumerate(ref_args) if np.issubdtype(v.dtype, np.floating)]
-    if case.op == "Cast" or not floats:
+    if case.op in SCALE_INVARIANT or not floats:
       continue
     # A random relative change of the first floating operand (keeps signs, so the domains of
     # Log, Sqrt and divisors are respected) must change the expected output.

@@ -683,6 +683,8 @@ def optimize_model(source: str = DEFAULT_MODEL, *, method: str = "ppo", size: st
       f"{G.capacity(loaded.graph)}" + (f"; {loaded.random_weights} initializers given random "
                                        "weights (the file has no weight data)"
                                        if loaded.random_weights else ""))
+  for note in getattr(getattr(loaded.params, "stats", None), "notes", ()):  # ONNX import notes
+    log(f"note: {note}")
   coeffs = _coefficients(cost_coefficients or "")
 
   t = time.perf_counter()

@@ -11,12 +11,13 @@ executor as an `onnx.backend.base.Backend`).
 
 from xrlflow_jax.errors import OnnxExportError, OnnxImportError, UnsupportedOnnxOpError
 from xrlflow_jax.onnx_io.exporter import save, to_model
-from xrlflow_jax.onnx_io.importer import ImportedParams, ImportStats, load, read_model
+from xrlflow_jax.onnx_io.importer import (ImportedParams, ImportStats, ShapeOverrideWarning, load,
+                                         read_model)
 from xrlflow_jax.onnx_io.weights import (fill_missing_weights, random_initializers,
                                          randomize_constant_weights)
 
 __all__ = [
     "ImportStats", "ImportedParams", "OnnxExportError", "OnnxImportError",
     "UnsupportedOnnxOpError", "fill_missing_weights", "load", "random_initializers",
-    "randomize_constant_weights", "read_model", "save", "to_model",
+    "randomize_constant_weights", "read_model", "save", "ShapeOverrideWarning", "to_model",
 ]

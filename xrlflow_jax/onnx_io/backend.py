@@ -26,7 +26,7 @@ import onnx
 from onnx import numpy_helper
 from onnx.backend.base import Backend, BackendRep
 
-from xrlflow_jax import executor
+from xrlflow_jax import executor, ops
 from xrlflow_jax.errors import XrlflowError
 from xrlflow_jax.onnx_io.convert import CONVERTERS
 from xrlflow_jax.onnx_io.importer import load
@@ -48,9 +48,10 @@ class XrlflowRep(BackendRep):
     self.model = model
     inits = {t.name for t in model.graph.initializer}
     self.input_names = [vi.name for vi in model.graph.input if vi.name not in inits]
-    self._cache: dict[str, tuple[executor.LoweredGraph, list[str]]] = {}
+    self._cache: dict[str, tuple[executor.LoweredGraph, list[str], list[np.dtype]]] = {}
 
-  def _specialised(self, feeds: dict[str, np.ndarray]) -> tuple[executor.LoweredGraph, list[str]]:
+  def _specialised(self, feeds: dict[str, np.ndarray]) -> tuple[executor.LoweredGraph, list[str],
+                                                                list[np.dtype]]:
     bound = {k: v for k, v in feeds.items() if _binds(v)}
     key = hashlib.sha1(b"".join(k.encode() + str(v.dtype).encode() + str(v.shape).encode()
                                 + v.tobytes() for k, v in sorted(bound.items()))).hexdigest()
@@ -66,7 +67,8 @@ class XrlflowRep(BackendRep):
         model.ir_version = 4
       graph, params = load(model)
       lowered = executor.lower(graph, params, input_names=params.input_names)
-      self._cache[key] = (lowered, list(params.input_names))
+      dtypes = [np.dtype(ops.numpy_dtype(int(d))) for d in executor.output_dtypes(graph)]
+      self._cache[key] = (lowered, list(params.input_names), dtypes)
     return self._cache[key]
 
   def run(self, inputs: Any, **kwargs: Any) -> list[np.ndarray]:
@@ -78,9 +80,10 @@ class XrlflowRep(BackendRep):
       if isinstance(inputs, np.ndarray):
         inputs = [inputs]
       feeds = {n: np.asarray(v) for n, v in zip(self.input_names, inputs)}
-    lowered, names = self._specialised(feeds)
+    lowered, names, dtypes = self._specialised(feeds)
     outs = lowered(*[feeds[n] for n in names])
-    return [np.asarray(y) for y in outs]
+    # int64 results (ArgMax, Shape) compute as int32 without x64: returned as the model's dtype.
+    return [np.asarray(y).astype(d, copy=False) for y, d in zip(outs, dtypes)]
 
 
 class XrlflowBackend(Backend):
@@ -156,7 +159,9 @@ def main_op(case: Any) -> str:
 
 
 def scope(case: Any) -> str | None:
-  """None when the case is a float32 case of ops in scope; otherwise why it is out of scope."""
+  """None when the case is a float32 case of ops in scope (float32 data in or out; bool and
+  integer tensors alongside, such as a comparison's result or ArgMax's indices); otherwise why
+  it is out of scope."""
   graph = case.model.graph
   for node in graph.node:
     if node.domain not in ("", "ai.onnx"):
@@ -174,9 +179,6 @@ def scope(case: Any) -> str | None:
       float_io = True
     elif elem not in (onnx.TensorProto.INT64, onnx.TensorProto.INT32, onnx.TensorProto.BOOL):
       return f"not float32 ({onnx.TensorProto.DataType.Name(elem)})"
-  for vi in graph.output:
-    if vi.type.tensor_type.elem_type != onnx.TensorProto.FLOAT:
-      return "not a float32 case (non-float outputs)"
   return None if float_io else "not a float32 case"
 
 

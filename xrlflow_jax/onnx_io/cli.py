@@ -98,6 +98,8 @@ def info(path: str, input_shapes: dict[str, tuple[int, ...]], out: TextIO) -> in
     for op, count in sorted(host.op_histogram(graph).items(), key=lambda kv: (-kv[1], kv[0])):
       print(f"  {op:24s} {count}", file=out)
     print("unsupported ops: none", file=out)
+    for note in s.notes:
+      print(f"note: {note}", file=out)
   if maybe and status:
     print(f"ops without a converter (fine only on inputs known on import): {', '.join(maybe)}",
           file=out)
@@ -111,7 +113,7 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
   sub = parser.add_subparsers(dest="command", required=True)
   p_info = sub.add_parser("info", help="summarise a model and check that it imports")
   p_info.add_argument("model", help="path of the .onnx file")
-  p_info.add_argument("--input-shape", action="append", default=[], type=_parse_shape,
+  p_info.add_argument("--input-shape", "--input_shape", dest="input_shape", action="append", default=[], type=_parse_shape,
                       metavar="NAME=D0,D1,...", help="size of an input with dynamic dims")
   p_conf = sub.add_parser("conformance", help="run the onnx.backend.test node cases in scope "
                           "and print pass / total per op")

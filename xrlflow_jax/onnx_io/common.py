@@ -11,8 +11,9 @@ from onnx import helper
 from xrlflow_jax.errors import OnnxImportError
 from xrlflow_jax.ops import DType
 
-# Opsets of the default domain the importer reads. The light models shipped with the onnx
-# package are opset 9; the newest is whatever the installed onnx package knows (each converter
+# Opsets of the default domain the importer reads (older ones, down to 1, are converted to
+# MIN_OPSET by onnx.version_converter first). The light models shipped with the onnx package
+# are opset 9; the newest is whatever the installed onnx package knows (each converter
 # checks the attributes it understands, so an op version with new semantics fails loudly).
 MIN_OPSET = 9
 MAX_OPSET = onnx.defs.onnx_opset_version()
@@ -105,15 +106,17 @@ def tensor_to_numpy(t: onnx.TensorProto, base_dir: str | None = None,
   return np.asarray(value).astype(dtype, copy=False)
 
 
-def default_opset(model: onnx.ModelProto, where: str = "") -> int:
-  """The model's default-domain opset, checked against MIN_OPSET..MAX_OPSET."""
+def default_opset(model: onnx.ModelProto, where: str = "", min_opset: int = MIN_OPSET) -> int:
+  """The model's default-domain opset, checked against min_opset..MAX_OPSET (the importer
+  converts opsets 1..MIN_OPSET-1 first, see `importer._upgrade_opset`)."""
   versions = [int(o.version) for o in model.opset_import if o.domain in ("", "ai.onnx")]
   if not versions:
     raise OnnxImportError(f"{where}the model imports no opset of the default ONNX domain")
   opset = max(versions)
-  if not MIN_OPSET <= opset <= MAX_OPSET:
-    raise OnnxImportError(f"{where}opset {opset} is not supported (supported: {MIN_OPSET} to "
-                          f"{MAX_OPSET})")
+  if not min_opset <= opset <= MAX_OPSET:
+    raise OnnxImportError(f"{where}opset {opset} is not supported (supported: {min_opset} to "
+                          f"{MAX_OPSET}" + (f"; opsets below {MIN_OPSET} are converted"
+                                            if min_opset < MIN_OPSET else "") + ")")
   return opset
 
 

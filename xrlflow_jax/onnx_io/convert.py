@@ -62,14 +62,18 @@ class Ctx:
     attrs: its decoded attributes.
     inputs: one operand per input slot (None for an absent optional input).
     needed: per output, whether anything reads it.
-    opset: the model's default-domain opset.
+    opset: the model's default-domain opset (after conversion of opsets below MIN_OPSET).
+    source_opset: the opset the file was written in.
     where: error-message prefix naming file, node and op.
   """
 
   def __init__(self, builder: GraphBuilder, node: onnx.NodeProto, attrs: dict[str, Any],
                inputs: list[Operand | None], needed: list[bool], opset: int, where: str,
-               materialize: Callable[[Const], Tensor]):
+               materialize: Callable[[Const], Tensor], source_opset: int | None = None):
     self.b = builder
+    # The file's own opset: below MIN_OPSET the model was converted and `opset` is the
+    # converted one (a few old semantics survive conversion, e.g. opset-6 PRelu's slope).
+    self.source_opset = opset if source_opset is None else source_opset
     self.node = node
     self.attrs = attrs
     self.inputs = inputs
@@ -262,16 +266,73 @@ def _float(ctx: Ctx, x: Operand, what: str = "input") -> None:
 # ==================================================================== elementwise
 
 _UNARY = {"Relu": Op.RELU, "Sigmoid": Op.SIGMOID, "Tanh": Op.TANH, "Erf": Op.ERF, "Exp": Op.EXP,
-          "Log": Op.LOG, "Sqrt": Op.SQRT, "Neg": Op.NEG, "Reciprocal": Op.RECIPROCAL}
+          "Log": Op.LOG, "Sqrt": Op.SQRT, "Neg": Op.NEG, "Reciprocal": Op.RECIPROCAL,
+          "Abs": Op.ABS, "Sign": Op.SIGN, "Floor": Op.FLOOR, "Ceil": Op.CEIL, "Round": Op.ROUND,
+          "Softplus": Op.SOFTPLUS, "Softsign": Op.SOFTSIGN, "Mish": Op.MISH, "IsNaN": Op.IS_NAN,
+          "Not": Op.NOT}
+_ANY_NUMBER = {"Neg", "Abs", "Sign"}  # the unary ops that also take integers
+
+
+def _bool(ctx: Ctx, x: Operand, what: str = "input") -> None:
+  if ctx.dtype(x) != np.bool_:
+    raise ctx.error(f"{what} must be bool, got {ctx.dtype(x).name}")
 
 
 @converter(*_UNARY)
 def _unary(ctx: Ctx) -> list[Operand | None]:
   ctx.check_attrs([])
   x = ctx.inp(0)
-  if ctx.node.op_type != "Neg":
+  op = ctx.node.op_type
+  if op == "Not":
+    _bool(ctx, x)
+  elif op in _ANY_NUMBER:
+    if ctx.dtype(x) == np.bool_:
+      raise ctx.error("input must be a number, got bool")
+  else:
     _float(ctx, x)
-  return [ctx.op(_UNARY[ctx.node.op_type], [x])]
+  return [ctx.op(_UNARY[op], [x])]
+
+
+_COMPARE = {"Equal": Op.EQUAL, "Less": Op.LESS, "Greater": Op.GREATER,
+            "LessOrEqual": Op.LESS_OR_EQUAL, "GreaterOrEqual": Op.GREATER_OR_EQUAL}
+_LOGIC = {"And": Op.AND, "Or": Op.OR, "Xor": Op.XOR}
+
+
+@converter(*_COMPARE, *_LOGIC)
+def _compare(ctx: Ctx) -> list[Operand | None]:
+  """Comparisons (one dtype on both sides, bool result) and bool logic, numpy broadcasting."""
+  ctx.check_attrs([])
+  a, b = ctx.inp(0, "A"), ctx.inp(1, "B")
+  op = ctx.node.op_type
+  ctx.same_dtype([a, b])
+  if op in _LOGIC:
+    _bool(ctx, a, "A")
+  return [ctx.op((_COMPARE | _LOGIC)[op], [a, b])]
+
+
+@converter("Mod")
+def _mod(ctx: Ctx) -> list[Operand | None]:
+  ctx.check_attrs(["fmod"])
+  a, b = ctx.inp(0, "A"), ctx.inp(1, "B")
+  ctx.same_dtype([a, b])
+  fmod = ctx.int_attr("fmod", 0)
+  if fmod not in (0, 1):
+    raise ctx.error(f"fmod must be 0 or 1, got {fmod}")
+  if ctx.dtype(a) == np.bool_:
+    raise ctx.error("Mod of bool tensors")
+  if np.issubdtype(ctx.dtype(a), np.floating) and not fmod and ctx.opset < 28:
+    raise ctx.error(f"fmod=0 on floats is defined from opset 28 on (the model is opset "
+                    f"{ctx.opset}); floating-point Mod needs fmod=1")
+  return [ctx.op(Op.MOD, [a, b], fmod=bool(fmod))]
+
+
+@converter("IsInf")
+def _is_inf(ctx: Ctx) -> list[Operand | None]:
+  ctx.check_attrs(["detect_positive", "detect_negative"])
+  x = ctx.inp(0)
+  _float(ctx, x)
+  return [ctx.op(Op.IS_INF, [x], detect_positive=bool(ctx.int_attr("detect_positive", 1)),
+                 detect_negative=bool(ctx.int_attr("detect_negative", 1)))]
 
 
 @converter("Identity")
@@ -286,19 +347,13 @@ def _dropout(ctx: Ctx) -> list[Operand | None]:
   if ctx.has(2):
     if bool(np.asarray(ctx.const(2, "training_mode")).reshape(-1)[0]):
       raise ctx.unsupported("training_mode=True (random dropout) is not supported")
-  if len(ctx.needed) > 1 and ctx.needed[1]:
-    raise ctx.unsupported("the mask output is not supported")
-  return [ctx.inp(0)] + [None] * (len(ctx.needed) - 1)
-
-
-def _abs(ctx: Ctx, x: Operand) -> Operand:
-  return ctx.op(Op.MAX, [x, ctx.op(Op.NEG, [x])])
-
-
-@converter("Abs")
-def _abs_conv(ctx: Ctx) -> list[Operand | None]:
-  ctx.check_attrs([])
-  return [_abs(ctx, ctx.inp(0))]
+  x = ctx.inp(0)
+  if len(ctx.needed) > 1 and ctx.needed[1]:  # inference keeps everything: an all-true mask
+    padded, rank = ops.pad_shape(ctx.shape(x))
+    mask = ctx.op(Op.EXPAND, [ctx.const_value(np.ones([1] * rank, np.bool_), "mask")],
+                  shape=tuple(int(v) for v in padded), rank=rank)
+    return [x, mask]
+  return [x] + [None] * (len(ctx.needed) - 1)
 
 
 @converter("HardSigmoid")
@@ -329,24 +384,27 @@ def _gelu(ctx: Ctx) -> list[Operand | None]:
   return [ctx.op(Op.GELU, [x], approximate=approx == "tanh")]
 
 
-def _pos_neg(ctx: Ctx, x: Operand) -> tuple[Operand, Operand]:
-  zero = ctx.scalar(0.0, x, "zero")
-  return ctx.op(Op.MAX, [x, zero]), ctx.op(Op.MIN, [x, zero])
+# ONNX activations with float attributes: op, {attribute: default}.
+_ACTIVATIONS = {
+    "LeakyRelu": (Op.LEAKY_RELU, {"alpha": 0.01}),
+    "Elu": (Op.ELU, {"alpha": 1.0}),
+    "Selu": (Op.SELU, {"alpha": 1.67326319217681884765625, "gamma": 1.05070102214813232421875}),
+    "Celu": (Op.CELU, {"alpha": 1.0}),
+    "ThresholdedRelu": (Op.THRESHOLDED_RELU, {"alpha": 1.0}),
+    "Shrink": (Op.SHRINK, {"bias": 0.0, "lambd": 0.5}),
+}
 
 
-@converter("LeakyRelu")
-def _leaky_relu(ctx: Ctx) -> list[Operand | None]:
-  ctx.check_attrs(["alpha"])
+@converter(*_ACTIVATIONS)
+def _activation(ctx: Ctx) -> list[Operand | None]:
+  op, defaults = _ACTIVATIONS[ctx.node.op_type]
+  ctx.check_attrs(list(defaults))
   x = ctx.inp(0)
   _float(ctx, x)
-  alpha = ctx.float_attr("alpha", 0.01)
-  scaled = ctx.op(Op.MUL, [x, ctx.scalar(alpha, x, "alpha")])
-  if 0.0 <= alpha <= 1.0:  # x >= 0 -> x >= alpha x; x < 0 -> alpha x >= x
-    return [ctx.op(Op.MAX, [x, scaled])]
-  if alpha > 1.0:
-    return [ctx.op(Op.MIN, [x, scaled])]
-  pos, neg = _pos_neg(ctx, x)
-  return [ctx.op(Op.ADD, [pos, ctx.op(Op.MUL, [neg, ctx.scalar(alpha, x, "alpha")])])]
+  values = {k: ctx.float_attr(k, v) for k, v in defaults.items()}
+  if op == Op.CELU and values["alpha"] == 0.0:
+    raise ctx.error("alpha must not be 0")
+  return [ctx.op(op, [x], **values)]
 
 
 @converter("PRelu")
@@ -355,35 +413,19 @@ def _prelu(ctx: Ctx) -> list[Operand | None]:
   x, slope = ctx.inp(0), ctx.inp(1, "slope")
   _float(ctx, x)
   ctx.same_dtype([x, slope])
-  pos, neg = _pos_neg(ctx, x)
-  return [ctx.op(Op.ADD, [pos, ctx.op(Op.MUL, [neg, slope])])]
-
-
-@converter("Elu", "Selu")
-def _elu(ctx: Ctx) -> list[Operand | None]:
-  selu = ctx.node.op_type == "Selu"
-  ctx.check_attrs(["alpha", "gamma"] if selu else ["alpha"])
-  x = ctx.inp(0)
-  _float(ctx, x)
-  alpha = ctx.float_attr("alpha", 1.67326319217681884765625 if selu else 1.0)
-  pos, neg = _pos_neg(ctx, x)
-  e = ctx.op(Op.EXP, [neg])
-  if selu:  # gamma * (x if x > 0 else alpha * exp(x) - alpha)
-    gamma = ctx.float_attr("gamma", 1.05070102214813232421875)
-    a = ctx.scalar(alpha, x, "alpha")
-    tail = ctx.op(Op.SUB, [ctx.op(Op.MUL, [e, a]), a])
-    return [ctx.op(Op.MUL, [ctx.op(Op.ADD, [pos, tail]), ctx.scalar(gamma, x, "gamma")])]
-  tail = ctx.op(Op.MUL, [ctx.op(Op.SUB, [e, ctx.scalar(1.0, x, "one")]),
-                         ctx.scalar(alpha, x, "alpha")])
-  return [ctx.op(Op.ADD, [pos, tail])]
-
-
-@converter("Softsign")
-def _softsign(ctx: Ctx) -> list[Operand | None]:
-  ctx.check_attrs([])
-  x = ctx.inp(0)
-  _float(ctx, x)
-  return [ctx.op(Op.DIV, [x, ctx.op(Op.ADD, [_abs(ctx, x), ctx.scalar(1.0, x, "one")])])]
+  xs, ss = ctx.shape(x), ctx.shape(slope)
+  if ctx.source_opset < 7 and len(ss) == 1 and len(xs) >= 2 and ss[0] == xs[1] != 1:
+    # Opset 6 and before: a 1-D slope holds one value per channel (axis 1), and the version
+    # converter leaves it as it is.
+    slope = ctx.reshape(slope, (ss[0],) + (1,) * (len(xs) - 2))
+    ss = ctx.shape(slope)
+  try:
+    fits = tuple(np.broadcast_shapes(xs, ss)) == tuple(xs)
+  except ValueError:
+    fits = False
+  if not fits:
+    raise ctx.error(f"slope of shape {list(ss)} does not broadcast to the input's {list(xs)}")
+  return [ctx.op(Op.PRELU, [x, slope])]
 
 
 @converter("Clip")
@@ -759,23 +801,24 @@ def _lrn(ctx: Ctx) -> list[Operand | None]:
   return [ctx.op(Op.DIV, [x, d])]
 
 
-@converter("Softmax")
+@converter("Softmax", "LogSoftmax")
 def _softmax(ctx: Ctx) -> list[Operand | None]:
   ctx.check_attrs(["axis"])
   x = ctx.inp(0)
   _float(ctx, x)
+  op = Op.SOFTMAX if ctx.node.op_type == "Softmax" else Op.LOG_SOFTMAX
   xs = ctx.shape(x)
   r = len(xs)
   if r == 0:
-    raise ctx.error("Softmax of a scalar")
+    raise ctx.error(f"{ctx.node.op_type} of a scalar")
   if ctx.opset >= 13:
-    return [ctx.op(Op.SOFTMAX, [x], axis=ctx.axis(ctx.int_attr("axis", -1), r))]
-  # Opset < 13: softmax over the flattened dims from `axis` on.
+    return [ctx.op(op, [x], axis=ctx.axis(ctx.int_attr("axis", -1), r))]
+  # Opset < 13: (log-)softmax over the flattened dims from `axis` on.
   axis = ctx.axis(ctx.int_attr("axis", 1), r)
   if axis == r - 1:
-    return [ctx.op(Op.SOFTMAX, [x], axis=axis)]
+    return [ctx.op(op, [x], axis=axis)]
   flat = ctx.reshape(x, (int(np.prod(xs[:axis])), int(np.prod(xs[axis:]))))
-  return [ctx.reshape(ctx.op(Op.SOFTMAX, [flat], axis=1), xs)]
+  return [ctx.reshape(ctx.op(op, [flat], axis=1), xs)]
 
 
 def _reduce_axes(ctx: Ctx, x: Operand, axes_input: int) -> list[int] | None:
@@ -795,26 +838,47 @@ def _reduce_axes(ctx: Ctx, x: Operand, axes_input: int) -> list[int] | None:
   return axes
 
 
-@converter("ReduceMean", "ReduceSum", "ReduceSumSquare", "ReduceL2", "ReduceL1")
+_REDUCE = {"ReduceMean": Op.REDUCE_MEAN, "ReduceSum": Op.REDUCE_SUM,
+           "ReduceSumSquare": Op.REDUCE_SUM, "ReduceMax": Op.REDUCE_MAX,
+           "ReduceMin": Op.REDUCE_MIN, "ReduceProd": Op.REDUCE_PROD, "ReduceL1": Op.REDUCE_L1,
+           "ReduceL2": Op.REDUCE_L2, "ReduceLogSumExp": Op.REDUCE_LOG_SUM_EXP}
+_REDUCE_INTEGERS = {"ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd"}  # also take ints
+
+
+@converter(*_REDUCE)
 def _reduce(ctx: Ctx) -> list[Operand | None]:
   ctx.check_attrs(["axes", "keepdims", "noop_with_empty_axes"])
   x = ctx.inp(0)
   kind = ctx.node.op_type
-  if kind != "ReduceSum" or not np.issubdtype(ctx.dtype(x), np.integer):
+  dt = ctx.dtype(x)
+  if kind in ("ReduceMax", "ReduceMin") and dt == np.bool_ and ctx.opset >= 20:
+    pass  # opset 20 allows bool (max: any, min: all)
+  elif kind not in _REDUCE_INTEGERS or not np.issubdtype(dt, np.integer):
     _float(ctx, x)
   axes = _reduce_axes(ctx, x, 1)
-  if kind in ("ReduceSumSquare", "ReduceL2"):
+  if kind == "ReduceSumSquare":
     x = ctx.op(Op.MUL, [x, x])
-  elif kind == "ReduceL1":
-    x = _abs(ctx, x)
   if axes is None or not ctx.shape(x):
-    y = x
-  else:
-    op = Op.REDUCE_MEAN if kind == "ReduceMean" else Op.REDUCE_SUM
-    y = ctx.op(op, [x], axes=_bits(axes), keepdims=bool(ctx.int_attr("keepdims", 1)))
-  if kind == "ReduceL2":
-    y = ctx.op(Op.SQRT, [y])
-  return [y]
+    # Nothing reduced (noop_with_empty_axes, or a scalar): the elementwise part of the norms
+    # still applies, as in onnx's reference (L1 and L2 give |x|, LogSumExp x, SumSquare x^2).
+    return [ctx.op(Op.ABS, [x]) if kind in ("ReduceL1", "ReduceL2") else x]
+  return [ctx.op(_REDUCE[kind], [x], axes=_bits(axes),
+                 keepdims=bool(ctx.int_attr("keepdims", 1)))]
+
+
+@converter("ArgMax", "ArgMin")
+def _arg_reduce(ctx: Ctx) -> list[Operand | None]:
+  ctx.check_attrs(["axis", "keepdims", "select_last_index"])
+  x = ctx.inp(0)
+  if ctx.dtype(x) == np.bool_:
+    raise ctx.unsupported("bool input is not supported")
+  r = len(ctx.shape(x))
+  if r == 0:
+    raise ctx.error("input must have rank >= 1")
+  axis = ctx.axis(ctx.int_attr("axis", 0), r)
+  op = Op.ARG_MAX if ctx.node.op_type == "ArgMax" else Op.ARG_MIN
+  return [ctx.op(op, [x], axes=_bits([axis]), keepdims=bool(ctx.int_attr("keepdims", 1)),
+                 select_last_index=bool(ctx.int_attr("select_last_index", 0)))]
 
 
 # ==================================================================== data movement
@@ -1061,7 +1125,7 @@ def _pad(ctx: Ctx) -> list[Operand | None]:
 
 @converter("Expand")
 def _expand(ctx: Ctx) -> list[Operand | None]:
-  """Broadcast a tensor to a shape as a product with ones of the missing extent."""
+  """Broadcast to `shape` (known on import), numpy rules (the output may have a higher rank)."""
   ctx.check_attrs([])
   x = ctx.inp(0)
   target = ctx.ints(1, "shape")
@@ -1074,12 +1138,10 @@ def _expand(ctx: Ctx) -> list[Operand | None]:
     return [x]
   if 0 in out:
     raise ctx.unsupported("expanding to a zero-size tensor is not supported")
-  padded = (1,) * (len(out) - len(xs)) + xs
-  ones_shape = tuple(o if p == 1 else 1 for o, p in zip(out, padded))
-  ones = ctx.const_value(np.ones(ones_shape, ctx.dtype(x)), "ones")
-  if ctx.dtype(x) == np.bool_:
-    raise ctx.unsupported("expanding a bool tensor computed at run time is not supported")
-  return [ctx.op(Op.MUL, [x, ones])]
+  if len(out) > MAX_RANK:
+    raise ctx.unsupported(f"rank {len(out)} exceeds the project's maximum rank {MAX_RANK}")
+  padded, rank = ops.pad_shape(out)
+  return [ctx.op(Op.EXPAND, [x], shape=tuple(int(v) for v in padded), rank=rank)]
 
 
 @converter("Tile")
@@ -1087,13 +1149,13 @@ def _tile(ctx: Ctx) -> list[Operand | None]:
   ctx.check_attrs([])
   x = ctx.inp(0)
   reps = ctx.ints(1, "repeats")
-  if len(reps) != len(ctx.shape(x)) or any(r < 1 for r in reps):
-    raise ctx.error(f"repeats {reps} must be {len(ctx.shape(x))} values >= 1")
-  y = x
-  for a, r in enumerate(reps):
-    if r > 1:
-      y = ctx.concat([y] * r, a)
-  return [y]
+  r = len(ctx.shape(x))
+  if len(reps) != r or any(v < 1 for v in reps):
+    raise ctx.error(f"repeats {reps} must be {r} values >= 1 (0 would make a zero-size "
+                    "tensor)")
+  if all(v == 1 for v in reps):
+    return [x]
+  return [ctx.op(Op.TILE, [x], reps=(1,) * (MAX_RANK - r) + tuple(reps))]
 
 
 BUILDER_ERRORS = (ShapeError, UnknownOpError, ParamError, CapacityError)

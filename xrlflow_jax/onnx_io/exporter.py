@@ -40,7 +40,23 @@ _SAME_NAME = {Op.ADD: "Add", Op.SUB: "Sub", Op.MUL: "Mul", Op.DIV: "Div", Op.POW
               Op.MAX: "Max", Op.MIN: "Min", Op.RELU: "Relu", Op.SIGMOID: "Sigmoid",
               Op.TANH: "Tanh", Op.ERF: "Erf", Op.EXP: "Exp", Op.LOG: "Log", Op.SQRT: "Sqrt",
               Op.NEG: "Neg", Op.RECIPROCAL: "Reciprocal", Op.HARD_SWISH: "HardSwish",
-              Op.WHERE: "Where", Op.GLOBAL_AVG_POOL: "GlobalAveragePool"}
+              Op.WHERE: "Where", Op.GLOBAL_AVG_POOL: "GlobalAveragePool",
+              Op.EQUAL: "Equal", Op.LESS: "Less", Op.GREATER: "Greater",
+              Op.LESS_OR_EQUAL: "LessOrEqual", Op.GREATER_OR_EQUAL: "GreaterOrEqual",
+              Op.NOT: "Not", Op.AND: "And", Op.OR: "Or", Op.XOR: "Xor", Op.SIGN: "Sign",
+              Op.ABS: "Abs", Op.FLOOR: "Floor", Op.CEIL: "Ceil", Op.ROUND: "Round",
+              Op.IS_NAN: "IsNaN", Op.PRELU: "PRelu", Op.SOFTPLUS: "Softplus",
+              Op.SOFTSIGN: "Softsign", Op.MISH: "Mish"}
+# Ops written as the ONNX op of the same meaning with the same attributes (float attributes as
+# decoded; bools as ints).
+_WITH_ATTRS = {Op.LEAKY_RELU: "LeakyRelu", Op.ELU: "Elu", Op.SELU: "Selu", Op.CELU: "Celu",
+               Op.SHRINK: "Shrink", Op.THRESHOLDED_RELU: "ThresholdedRelu", Op.MOD: "Mod",
+               Op.IS_INF: "IsInf", Op.SOFTMAX: "Softmax", Op.LOG_SOFTMAX: "LogSoftmax",
+               Op.HARD_SIGMOID: "HardSigmoid"}
+_REDUCE_OPS = {Op.REDUCE_MEAN: "ReduceMean", Op.REDUCE_SUM: "ReduceSum",
+               Op.REDUCE_MAX: "ReduceMax", Op.REDUCE_MIN: "ReduceMin",
+               Op.REDUCE_PROD: "ReduceProd", Op.REDUCE_L1: "ReduceL1", Op.REDUCE_L2: "ReduceL2",
+               Op.REDUCE_LOG_SUM_EXP: "ReduceLogSumExp"}
 
 
 def _axes_from_bits(bits: int, rank: int) -> list[int]:
@@ -204,6 +220,22 @@ def _emit(w: _Writer, g: layout.Graph, v: int, ins: list[str], srcs: list[int], 
 
   if op in _SAME_NAME:
     w.node(_SAME_NAME[op], ins, out)
+  elif op in _WITH_ATTRS:
+    w.node(_WITH_ATTRS[op], ins, out,
+           **{k: int(v) if isinstance(v, bool) else v for k, v in a.items()})
+  elif op in _REDUCE_OPS:
+    axes = w.ints(_axes_from_bits(a["axes"], in_ranks[0]), f"{out}/axes")
+    w.node(_REDUCE_OPS[op], [ins[0], axes], out, keepdims=int(a["keepdims"]))
+  elif op in (Op.ARG_MAX, Op.ARG_MIN):
+    (axis,) = _axes_from_bits(a["axes"], in_ranks[0])
+    w.node("ArgMax" if op == Op.ARG_MAX else "ArgMin", ins, out, axis=axis,
+           keepdims=int(a["keepdims"]), select_last_index=int(a["select_last_index"]))
+  elif op == Op.EXPAND:
+    w.node("Expand", [ins[0], w.ints(list(ops.unpad_shape(nd["shape"][v], rank)),
+                                     f"{out}/shape")], out)
+  elif op == Op.TILE:
+    reps = list(a["reps"][MAX_RANK - in_ranks[0]:]) if in_ranks[0] else []
+    w.node("Tile", [ins[0], w.ints(reps, f"{out}/repeats")], out)
   elif op == Op.CONV2D:
     pt, pl, pb, pr = a["pads"]
     with_activation("Conv", ins, kernel_shape=list(in_shapes[1][2:]), strides=list(a["strides"]),
@@ -221,10 +253,6 @@ def _emit(w: _Writer, g: layout.Graph, v: int, ins: list[str], srcs: list[int], 
     while args[-1] == "":
       args.pop()
     w.node("Clip", args, out)
-  elif op == Op.HARD_SIGMOID:
-    w.node("HardSigmoid", ins, out, alpha=a["alpha"], beta=a["beta"])
-  elif op == Op.SOFTMAX:
-    w.node("Softmax", ins, out, axis=a["axis"])
   elif op == Op.LAYER_NORM:
     w.node("LayerNormalization", ins, out, axis=a["axis"], epsilon=a["epsilon"])
   elif op == Op.BATCH_NORM:
@@ -236,10 +264,6 @@ def _emit(w: _Writer, g: layout.Graph, v: int, ins: list[str], srcs: list[int], 
     if op == Op.AVG_POOL:
       attrs["count_include_pad"] = int(a["count_include_pad"])
     w.node("MaxPool" if op == Op.MAX_POOL else "AveragePool", ins, out, **attrs)
-  elif op in (Op.REDUCE_MEAN, Op.REDUCE_SUM):
-    axes = w.ints(_axes_from_bits(a["axes"], in_ranks[0]), f"{out}/axes")
-    w.node("ReduceMean" if op == Op.REDUCE_MEAN else "ReduceSum", [ins[0], axes], out,
-           keepdims=int(a["keepdims"]))
   elif op == Op.CONCAT:
     w.node("Concat", ins, out, axis=a["axis"])
   elif op == Op.SLICE:

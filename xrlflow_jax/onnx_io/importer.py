@@ -15,6 +15,7 @@ import heapq
 import math
 import os
 import time
+import warnings
 from typing import Any, Mapping, Sequence
 
 import jax.numpy as jnp
@@ -27,8 +28,9 @@ from xrlflow_jax.graph import layout
 from xrlflow_jax.graph.builder import GraphBuilder, Tensor
 from xrlflow_jax.graph.params import ParamStore
 from xrlflow_jax.onnx_io import fold, weights
-from xrlflow_jax.onnx_io.common import (attributes, default_opset, onnx_to_numpy_dtype,
-                                        project_dtype, tensor_to_numpy, unique_name)
+from xrlflow_jax.onnx_io.common import (MAX_OPSET, MIN_OPSET, attributes, default_opset,
+                                        onnx_to_numpy_dtype, project_dtype, tensor_to_numpy,
+                                        unique_name)
 from xrlflow_jax.onnx_io.convert import BUILDER_ERRORS, CONVERTERS, Const, Ctx
 from xrlflow_jax.ops import MAX_RANK
 from xrlflow_jax.ops.spec import INT32_MAX, checked_dims
@@ -45,6 +47,8 @@ class ImportStats:
   graph_nodes: int = 0  # alive nodes of the resulting graph (Input and Constant included)
   seconds: float = 0.0
   random_weights: int = 0  # initializers given random values
+  # Remarks callers print as "note: ..." (e.g. a dynamic batch dim set to 1).
+  notes: list[str] = dataclasses.field(default_factory=list)
 
 
 class ImportedParams(ParamStore):
@@ -114,8 +118,48 @@ def _given_shape(given: Any, where: str) -> tuple[int, ...]:
     raise OnnxImportError(f"{where}input_shapes: {e}") from None
 
 
-def _input_shape(vi: onnx.ValueInfoProto, given: Sequence[int] | None, label: str) -> tuple[
-    tuple[int, ...], np.dtype]:
+class ShapeOverrideWarning(UserWarning):
+  """`input_shapes` replaced a dim the file fixes (allowed, but the model may not support it)."""
+
+
+def _file_dims(tt: onnx.TypeProto.Tensor) -> list[int | str | None]:
+  """Per dim of a tensor type: its size (a positive int); or, for a dynamic dim, its symbol
+  (`dim_param`), "-1" for a negative `dim_value` (PaddlePaddle and some older exporters write
+  -1), or None for a dim that gives nothing. A `dim_value` of 0 stays 0 (a zero-size dim)."""
+  out: list[int | str | None] = []
+  for d in tt.shape.dim:
+    if d.HasField("dim_value"):
+      out.append(int(d.dim_value) if d.dim_value >= 0 else str(int(d.dim_value)))
+    elif d.HasField("dim_param") and d.dim_param:
+      out.append(d.dim_param)
+    else:
+      out.append(None)
+  return out
+
+
+def _shape_flag(name: str, dims: Sequence[Any]) -> str:
+  """The command-line flag and library argument that fix an input's shape, with the dims known
+  so far filled in, e.g. "--input_shape=x=1,3,d2,d3 (library: input_shapes={'x': (...)})"."""
+  shown = [str(d) if isinstance(d, int) and d >= 1 else f"d{i}" for i, d in enumerate(dims)]
+  return (f"--input_shape={name}={','.join(shown)} (library: input_shapes={{'{name}': "
+          f"({', '.join(shown)}{',' if len(shown) == 1 else ''})}})")
+
+
+def _dynamic(d: str | None) -> str:
+  """How the file writes a dynamic dim, for messages."""
+  return "-1 in the file" if d == "-1" else f"{d!r} in the file" if d else "no size in the file"
+
+
+def _input_shape(vi: onnx.ValueInfoProto, given: Sequence[int] | None, label: str,
+                 notes: list[str]) -> tuple[tuple[int, ...], np.dtype]:
+  """The static shape and dtype of one graph input.
+
+  A dim is dynamic when the file writes a `dim_param`, a negative `dim_value`, or nothing.
+  `given` (the input's `input_shapes` entry: the whole shape) fixes every dim; where it differs
+  from a dim the file fixes, a `ShapeOverrideWarning` says so. Without `given`, a dynamic
+  leading (batch) dim of an input of rank >= 2 is set to 1 and a line is appended to `notes`;
+  any other dynamic dim is an error naming the input, the dim and the flag to use.
+  """
   where = f"{label}: graph input '{vi.name}': "
   if not vi.type.HasField("tensor_type"):
     raise OnnxImportError(f"{where}only tensor inputs are supported")
@@ -123,36 +167,47 @@ def _input_shape(vi: onnx.ValueInfoProto, given: Sequence[int] | None, label: st
   dtype = onnx_to_numpy_dtype(tt.elem_type, where)
   if not tt.HasField("shape"):
     if given is None:
-      raise OnnxImportError(f"{where}the file gives no shape; pass input_shapes={{'{vi.name}': "
-                            f"(...)}} (on the command line: --input_shape={vi.name}=d0,d1,...)")
-    dims = [None] * len(given)
+      raise OnnxImportError(f"{where}the file gives no shape (not even a rank); pass "
+                            f"input_shapes={{'{vi.name}': (...)}} (on the command line: "
+                            f"--input_shape={vi.name}=d0,d1,...)")
+    file_dims: list[int | str | None] = [None] * len(given)
   else:
-    dims = [int(d.dim_value) if d.HasField("dim_value") else None for d in tt.shape.dim]
+    file_dims = _file_dims(tt)
   if given is not None:
     given = _given_shape(given, where)
-    if len(given) != len(dims):
+    if len(given) != len(file_dims):
       raise OnnxImportError(f"{where}input_shapes gives rank {len(given)} ({list(given)}) but "
-                            f"the input has rank {len(dims)}")
-    for i, (d, g) in enumerate(zip(dims, given)):
-      if d is not None and d != g:
-        raise OnnxImportError(f"{where}dim {i} is fixed to {d} in the file but input_shapes "
-                              f"gives {g}")
+                            f"the input has rank {len(file_dims)} (file dims "
+                            f"{['?' if d is None else d for d in file_dims]})")
+    changed = [(i, d, g) for i, (d, g) in enumerate(zip(file_dims, given))
+               if isinstance(d, int) and d != g]
+    if changed:
+      shown = ", ".join(f"dim {i} from {d} to {g}" for i, d, g in changed)
+      warnings.warn(f"{where}input_shapes {list(given)} changes dims the file fixes ({shown}); "
+                    "the model may not be valid at that size (its output shapes are recomputed "
+                    "and not checked against the file)", ShapeOverrideWarning, stacklevel=5)
     dims = list(given)
+  else:
+    dims = list(file_dims)
+    if len(dims) >= 2 and not isinstance(dims[0], int):
+      notes.append(f"graph input '{vi.name}': dim 0 is dynamic ({_dynamic(dims[0])}); batch "
+                   f"size 1 is assumed (give another with "
+                   f"{_shape_flag(vi.name, [None] + dims[1:])})")
+      dims[0] = 1
   for i, d in enumerate(dims):
-    if d is None:
-      sym = tt.shape.dim[i].dim_param if tt.HasField("shape") else ""
-      raise OnnxImportError(f"{where}dim {i} is dynamic{f' ({sym!r})' if sym else ''}; give "
-                            f"its size with --input_shape={vi.name}=d0,d1,... (library: "
-                            f"input_shapes={{'{vi.name}': (d0, d1, ...)}})")
+    if not isinstance(d, int):
+      raise OnnxImportError(f"{where}dim {i} is dynamic ({_dynamic(d)}); give its size with "
+                            f"{_shape_flag(vi.name, dims)}")
     if d < 1:
-      raise OnnxImportError(f"{where}dim {i} is {d} (zero-size tensors are not supported)")
+      raise OnnxImportError(f"{where}dim {i} is {d} in the file (zero-size tensors are not "
+                            f"supported); give another size with {_shape_flag(vi.name, dims)}")
   if math.prod(dims) > INT32_MAX:
     raise OnnxImportError(f"{where}shape {list(dims)} has {math.prod(dims)} elements, more than "
                           f"{INT32_MAX} (the graph's int32 sizes)")
   if len(dims) > MAX_RANK:
     raise OnnxImportError(f"{where}rank {len(dims)} exceeds the project's maximum rank "
                           f"{MAX_RANK}")
-  return tuple(dims), dtype
+  return tuple(int(d) for d in dims), dtype
 
 
 def _plan(graph: onnx.GraphProto, available: set[str], label: str) -> tuple[
@@ -220,6 +275,30 @@ def _plan(graph: onnx.GraphProto, available: set[str], label: str) -> tuple[
   return order, uses
 
 
+UPGRADE_OPSET = MIN_OPSET  # opsets below MIN_OPSET are converted to this one on import
+
+
+def _upgrade_opset(model: onnx.ModelProto, label: str, notes: list[str]) -> onnx.ModelProto:
+  """A model of default-domain opset 1..MIN_OPSET-1 converted to UPGRADE_OPSET by
+  `onnx.version_converter` (a note says so); any other model unchanged. OnnxImportError when
+  the converter fails (the message is the converter's)."""
+  versions = [int(o.version) for o in model.opset_import if o.domain in ("", "ai.onnx")]
+  if not versions or not 1 <= max(versions) < MIN_OPSET:
+    return model
+  old = max(versions)
+  from onnx import version_converter  # pylint: disable=g-import-not-at-top
+  try:
+    converted = version_converter.convert_version(model, UPGRADE_OPSET)
+  except Exception as e:  # the converter raises RuntimeError/ValueError/C++ errors
+    first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    raise OnnxImportError(f"{label}: opset {old} is older than the supported {MIN_OPSET} to "
+                          f"{MAX_OPSET}, and onnx.version_converter cannot convert it to opset "
+                          f"{UPGRADE_OPSET}: {first[:300]}") from None
+  notes.append(f"the model is opset {old}; onnx.version_converter converted it to opset "
+               f"{UPGRADE_OPSET} for import")
+  return converted
+
+
 def check_text_fields(model: onnx.ModelProto, label: str) -> None:
   """Every name of the main graph must be text (a corrupt file can hold invalid UTF-8)."""
   g = model.graph
@@ -251,6 +330,11 @@ class _Importer:
     self.random_weights = random_weights
     self.seed = seed
     check_text_fields(model, label)
+    self.stats = ImportStats(onnx_nodes=len(model.graph.node))
+    self.source_opset = default_opset(model, f"{label}: ", min_opset=1)
+    model = _upgrade_opset(model, label, self.stats.notes)
+    self.model = model
+    self.graph = model.graph
     self.opset = default_opset(model, f"{label}: ")
     self.b = GraphBuilder(name=label)  # K = DEFAULT_MAX_INPUTS fits every op (BatchNorm: 5)
     self.params = ImportedParams()
@@ -259,7 +343,6 @@ class _Importer:
     self.names: dict[int, str] = {}
     self.unsupported: list[tuple[str, str]] = []
     self.const_names: set[str] = set()
-    self.stats = ImportStats(onnx_nodes=len(self.graph.node))
 
   # ---------------------------------------------------------------- weights and inputs
   def bind_initializers(self) -> None:
@@ -314,7 +397,8 @@ class _Importer:
       if not vi.name or vi.name in seen:
         raise OnnxImportError(f"{self.label}: graph input name {vi.name!r} is empty or repeated")
       seen.add(vi.name)
-      shape, dtype = _input_shape(vi, self.input_shapes.get(vi.name), self.label)
+      shape, dtype = _input_shape(vi, self.input_shapes.get(vi.name), self.label,
+                                   self.stats.notes)
       try:
         t = self.b.input(shape, dtype=project_dtype(dtype, f"{self.label}: input '{vi.name}': "),
                          name=vi.name)
@@ -327,14 +411,13 @@ class _Importer:
   def materialize(self, c: Const) -> Tensor:
     if c.tensor is None:
       where = f"{self.label}: constant '{c.name}': "
-      dtype = project_dtype(c.value.dtype, where)
+      project_dtype(c.value.dtype, where)  # refuses dtypes the graph has no code for
       if c.value.dtype == np.float64:
         raise OnnxImportError(f"{where}float64 constants are not supported by the graph "
                               "builder (it stores float32)")
       if c.value.ndim > MAX_RANK or 0 in c.value.shape:
         raise OnnxImportError(f"{where}shape {list(c.value.shape)} is not supported (rank <= "
                               f"{MAX_RANK}, no zero-size dims)")
-      del dtype
       why = executor.integer_overflow(c.value)
       if why:
         raise OnnxImportError(f"{where}{why} to import this model")
@@ -384,7 +467,8 @@ class _Importer:
                                       if consts else "")))
       self._set_outputs(outputs, [_POISON] * len(outputs))
       return
-    ctx = Ctx(self.b, node, attrs, inputs, needed, self.opset, where, self.materialize)
+    ctx = Ctx(self.b, node, attrs, inputs, needed, self.opset, where, self.materialize,
+              source_opset=self.source_opset)
     try:
       outs = CONVERTERS[op](ctx)
     except UnsupportedOnnxOpError as e:
@@ -523,7 +607,7 @@ class _Importer:
     tt = vi.type.tensor_type
     if self.input_shapes or not vi.type.HasField("tensor_type") or not tt.HasField("shape"):
       return
-    dims = [int(d.dim_value) if d.HasField("dim_value") else None for d in tt.shape.dim]
+    dims = [d if isinstance(d, int) else None for d in _file_dims(tt)]
     if len(dims) != len(t.shape) or any(d is not None and d != s for d, s in zip(dims, t.shape)):
       raise OnnxImportError(f"{self.label}: graph output '{vi.name}' is declared with dims "
                             f"{['?' if d is None else d for d in dims]} but computes "
@@ -538,8 +622,11 @@ def load(source: Any, *, input_shapes: Mapping[str, Sequence[int]] | None = None
   Args:
     source: a path, serialized model bytes, or an `onnx.ModelProto` (external data of a proto
       is looked up relative to the working directory).
-    input_shapes: sizes for dynamic input dims, e.g. {"x": (1, 3, 48, 320)} (whole shapes; the
-      file's static dims must agree).
+    input_shapes: whole shapes of inputs, e.g. {"x": (1, 3, 48, 320)}: they fix dynamic dims
+      (a `dim_param`, a `dim_value` of -1, or no size); one that changes a dim the file fixes
+      is used with a `ShapeOverrideWarning`. Without an entry, a dynamic leading (batch) dim of
+      an input of rank >= 2 is 1 (recorded in `params.stats.notes`) and any other dynamic dim
+      is an error naming the input, the dim and the flag to give.
     random_weights: give initializers whose external data file is absent seeded random values
       (see `onnx_io.weights`) instead of failing.
     seed: seed of those values.

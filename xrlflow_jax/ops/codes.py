@@ -51,6 +51,49 @@ class Op(enum.IntEnum):
   WHERE = 41
   ENLARGE = 42
   MERGE_GCONV = 43
+  # Comparisons and logic (issue 17); comparisons produce bool.
+  EQUAL = 44
+  LESS = 45
+  GREATER = 46
+  LESS_OR_EQUAL = 47
+  GREATER_OR_EQUAL = 48
+  NOT = 49
+  AND = 50
+  OR = 51
+  XOR = 52
+  # Reductions.
+  REDUCE_MAX = 53
+  REDUCE_MIN = 54
+  REDUCE_PROD = 55
+  REDUCE_L1 = 56
+  REDUCE_L2 = 57
+  REDUCE_LOG_SUM_EXP = 58
+  ARG_MAX = 59
+  ARG_MIN = 60
+  LOG_SOFTMAX = 61
+  # Elementwise maths.
+  SIGN = 62
+  ABS = 63
+  FLOOR = 64
+  CEIL = 65
+  ROUND = 66
+  MOD = 67
+  IS_NAN = 68
+  IS_INF = 69
+  # Activations.
+  PRELU = 70
+  LEAKY_RELU = 71
+  ELU = 72
+  SELU = 73
+  CELU = 74
+  SOFTPLUS = 75
+  SOFTSIGN = 76
+  MISH = 77
+  SHRINK = 78
+  THRESHOLDED_RELU = 79
+  # Data movement with shapes known at import.
+  EXPAND = 80
+  TILE = 81
 
 
 SOURCE_OPS = (Op.INPUT, Op.CONSTANT)

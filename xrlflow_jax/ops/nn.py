@@ -1,5 +1,6 @@
-"""Neural-network operators: Conv2D, MatMul, pooling, normalisation, reductions and TASO's
-weight transforms (Enlarge, MergeGConv)."""
+"""Neural-network operators: Conv2D, MatMul, pooling, normalisation (Softmax, LogSoftmax,
+LayerNorm, BatchNorm), reductions (Mean, Sum, Max, Min, Prod, L1, L2, LogSumExp; ArgMax, ArgMin)
+and TASO's weight transforms (Enlarge, MergeGConv)."""
 
 from __future__ import annotations
 
@@ -248,6 +249,13 @@ SOFTMAX = spec.register(OpSpec(
     flops=lambda xp, in_shapes, in_ranks, out_shape, attrs: 5.0 * spec.numel(xp, out_shape)))
 
 
+LOG_SOFTMAX = spec.register(OpSpec(
+    code=Op.LOG_SOFTMAX, name="LogSoftmax", min_inputs=1, max_inputs=1,
+    attrs=(AttrField("axis"),), shape_rule=_softmax_rule,
+    lower=lambda inputs, a, out_shape, out_dtype: jax.nn.log_softmax(inputs[0], axis=a["axis"]),
+    flops=SOFTMAX.flops))
+
+
 def _trailing_broadcast_ok(xp, x, xr, p, pr, axis):
   """A scale/bias p must broadcast to the normalised trailing dims of x (from `axis`)."""
   pos = spec.positions(xp)
@@ -338,7 +346,7 @@ def _reduce_lower(fn):
     x = inputs[0]
     # jnp.mean of integers is float; the node keeps its input's dtype (ONNX truncates).
     y = fn(x, axis=_reduce_axes(a["axes"], x.ndim), keepdims=bool(a["keepdims"]))
-    return y.astype(out_dtype)
+    return y.astype(jax.dtypes.canonicalize_dtype(out_dtype))  # int64 is int32 without x64
   return lower
 
 
@@ -351,6 +359,77 @@ REDUCE_SUM = spec.register(OpSpec(
     code=Op.REDUCE_SUM, name="ReduceSum", min_inputs=1, max_inputs=1, attrs=_REDUCE_ATTRS,
     shape_rule=_reduce_rule, lower=_reduce_lower(jnp.sum),
     flops=lambda xp, in_shapes, in_ranks, out_shape, attrs: spec.numel(xp, in_shapes[0])))
+
+
+def _reduce_flops(per_element: float) -> spec.FlopRule:
+  def rule(xp, in_shapes, in_ranks, out_shape, attrs):
+    del in_ranks, out_shape, attrs
+    return per_element * spec.numel(xp, in_shapes[0])
+  return rule
+
+
+def _l1(x, axis, keepdims):
+  return jnp.sum(jnp.abs(x), axis=axis, keepdims=keepdims)
+
+
+def _l2(x, axis, keepdims):
+  return jnp.sqrt(jnp.sum(jnp.square(x), axis=axis, keepdims=keepdims))
+
+
+_ONE_PER_ELEMENT = _reduce_flops(1.0)
+REDUCE_MAX = spec.register(OpSpec(
+    code=Op.REDUCE_MAX, name="ReduceMax", min_inputs=1, max_inputs=1, attrs=_REDUCE_ATTRS,
+    shape_rule=_reduce_rule, lower=_reduce_lower(jnp.max), flops=_ONE_PER_ELEMENT))
+REDUCE_MIN = spec.register(OpSpec(
+    code=Op.REDUCE_MIN, name="ReduceMin", min_inputs=1, max_inputs=1, attrs=_REDUCE_ATTRS,
+    shape_rule=_reduce_rule, lower=_reduce_lower(jnp.min), flops=_ONE_PER_ELEMENT))
+REDUCE_PROD = spec.register(OpSpec(
+    code=Op.REDUCE_PROD, name="ReduceProd", min_inputs=1, max_inputs=1, attrs=_REDUCE_ATTRS,
+    shape_rule=_reduce_rule, lower=_reduce_lower(jnp.prod), flops=_ONE_PER_ELEMENT))
+REDUCE_L1 = spec.register(OpSpec(
+    code=Op.REDUCE_L1, name="ReduceL1", min_inputs=1, max_inputs=1, attrs=_REDUCE_ATTRS,
+    shape_rule=_reduce_rule, lower=_reduce_lower(_l1), flops=_reduce_flops(2.0)))
+REDUCE_L2 = spec.register(OpSpec(
+    code=Op.REDUCE_L2, name="ReduceL2", min_inputs=1, max_inputs=1, attrs=_REDUCE_ATTRS,
+    shape_rule=_reduce_rule, lower=_reduce_lower(_l2), flops=_reduce_flops(2.0)))
+REDUCE_LOG_SUM_EXP = spec.register(OpSpec(
+    code=Op.REDUCE_LOG_SUM_EXP, name="ReduceLogSumExp", min_inputs=1, max_inputs=1,
+    attrs=_REDUCE_ATTRS, shape_rule=_reduce_rule,
+    lower=_reduce_lower(lambda x, axis, keepdims: jax.nn.logsumexp(x, axis=axis,
+                                                                   keepdims=keepdims)),
+    flops=_reduce_flops(4.0)))
+
+
+# ArgMax / ArgMin: one axis (a one-bit mask, so the reduction shape rule applies), int64 indices.
+
+def _arg_reduce_rule(xp, in_shapes, in_ranks, attrs, n_inputs):
+  shape, rank, checks = _reduce_rule(xp, in_shapes, in_ranks, attrs, n_inputs)
+  bits = attrs[0]
+  one_axis = (bits >= 1) & ((bits & (bits - 1)) == 0)
+  return shape, rank, checks + [(xp.asarray(one_axis), "exactly one axis must be reduced")]
+
+
+def _arg_lower(fn):
+  def lower(inputs, a, out_shape, out_dtype):
+    x = inputs[0]
+    (axis,) = _reduce_axes(a["axes"], x.ndim)
+    if a["select_last_index"]:  # the last occurrence: the first one of the reversed axis
+      idx = x.shape[axis] - 1 - fn(jnp.flip(x, axis), axis=axis, keepdims=bool(a["keepdims"]))
+    else:
+      idx = fn(x, axis=axis, keepdims=bool(a["keepdims"]))
+    return idx.astype(jax.dtypes.canonicalize_dtype(out_dtype))  # int32 unless x64
+  return lower
+
+
+_ARG_ATTRS = _REDUCE_ATTRS + (AttrField("select_last_index", kind="bool", default=False),)
+ARG_MAX = spec.register(OpSpec(
+    code=Op.ARG_MAX, name="ArgMax", min_inputs=1, max_inputs=1, attrs=_ARG_ATTRS,
+    shape_rule=_arg_reduce_rule, lower=_arg_lower(jnp.argmax), flops=_ONE_PER_ELEMENT,
+    dtype_rule="dtype:int64"))
+ARG_MIN = spec.register(OpSpec(
+    code=Op.ARG_MIN, name="ArgMin", min_inputs=1, max_inputs=1, attrs=_ARG_ATTRS,
+    shape_rule=_arg_reduce_rule, lower=_arg_lower(jnp.argmin), flops=_ONE_PER_ELEMENT,
+    dtype_rule="dtype:int64"))
 
 
 # ------------------------------------------------------------------ TASO weight transforms

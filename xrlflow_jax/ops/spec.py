@@ -127,7 +127,8 @@ class OpSpec:
     shape_rule: jittable output shape rule (see module docstring).
     lower: JAX lowering.
     flops: FLOP count rule.
-    dtype_rule: "input0" (same as first input), "input1", or "attr:<name>" (a DType attribute).
+    dtype_rule: "input0" (same as first input), "input1", "attr:<name>" (a DType attribute) or
+      "dtype:<name>" (always that DType, e.g. "dtype:bool" for comparisons).
     elementwise: True for ops XLA fuses into a loop fusion (used by the cost model).
     source: True for Input and Constant, whose shape is stored, not inferred.
   """
@@ -194,6 +195,13 @@ class OpSpec:
 # ----------------------------------------------------------------------------------------------
 # Shape helpers. All take `xp` and work on numpy values and traced jax values alike.
 # ----------------------------------------------------------------------------------------------
+
+def fixed_dtype(rule: str) -> int | None:
+  """The DType code of a "dtype:<name>" dtype rule; None for any other rule."""
+  if not rule.startswith("dtype:"):
+    return None
+  return int(DType[rule[6:].upper()])
+
 
 def positions(xp: Any) -> Any:
   """int32[R]: 0..R-1."""
@@ -294,6 +302,9 @@ def register(spec: OpSpec) -> OpSpec:
   assert spec.code not in _REGISTRY, spec
   assert spec.name not in _BY_NAME, spec
   assert sum(f.width for f in spec.attrs) <= ATTR_WIDTH, spec.name
+  rule = spec.dtype_rule
+  assert (rule in ("input0", "input1") or fixed_dtype(rule) is not None
+          or rule[5:] in spec.attr_offsets()), (spec.name, rule)
   _REGISTRY[spec.code] = spec
   _BY_NAME[spec.name] = spec
   return spec

@@ -1,5 +1,5 @@
 """Data-movement operators: Input, Constant, Concat, Slice, Reshape, Transpose, Squeeze,
-Unsqueeze, Gather, Pad.
+Unsqueeze, Gather, Pad, Expand, Tile.
 
 Axes are stored non-negative (importers and the builder normalise negative axes)."""
 
@@ -274,3 +274,53 @@ PAD = spec.register(OpSpec(
     attrs=(AttrField("pads", 2 * R, default=(0,) * (2 * R)), AttrField("mode"),
            AttrField("value", kind="float", default=0.0)),
     shape_rule=_pad_rule, lower=_pad_lower, flops=_zero_flops))
+
+
+# ------------------------------------------------------------------ Expand
+# shape: the output shape, right-aligned and padded with ones (as Reshape stores it); rank. The
+# input broadcasts to it (numpy rules: each of its dims equals the output's or is 1).
+
+def _expand_rule(xp, in_shapes, in_ranks, attrs, n_inputs):
+  del n_inputs
+  x, xr = in_shapes[0], in_ranks[0]
+  target = xp.asarray(attrs[0:R]).astype(xp.int32)
+  rank = attrs[R]
+  beyond_rank = spec.positions(xp) < R - rank
+  checks = [(xp.asarray((rank >= xr) & (rank <= R)), "rank must lie in [input rank, 6]"),
+            (xp.asarray(xp.all(target >= 1)), "target dims must be >= 1"),
+            (xp.asarray(xp.all(xp.where(beyond_rank, target == 1, True))),
+             "target shape has dims beyond its rank (the padding must be ones)"),
+            (xp.asarray(xp.all((x == target) | (x == 1))),
+             "the input does not broadcast to the target shape")]
+  return target, rank, checks
+
+
+EXPAND = spec.register(OpSpec(
+    code=Op.EXPAND, name="Expand", min_inputs=1, max_inputs=1,
+    attrs=(AttrField("shape", R, default=(1,) * R), AttrField("rank")),
+    shape_rule=_expand_rule,
+    lower=lambda inputs, a, out_shape, out_dtype: jnp.broadcast_to(inputs[0], out_shape),
+    flops=_zero_flops))
+
+
+# ------------------------------------------------------------------ Tile
+# reps: repeats per axis, right-aligned like a shape and padded with ones; out = x * reps.
+
+def _tile_rule(xp, in_shapes, in_ranks, attrs, n_inputs):
+  del n_inputs
+  x, rank = in_shapes[0], in_ranks[0]
+  reps = xp.asarray(attrs[0:R]).astype(xp.int32)
+  beyond_rank = spec.positions(xp) < R - rank
+  checks = [(xp.asarray(xp.all(reps >= 1)), "repeats must be >= 1"),
+            (xp.asarray(xp.all(xp.where(beyond_rank, reps == 1, True))),
+             "repeats given for axes beyond the rank")]
+  return (x * reps).astype(xp.int32), rank, checks
+
+
+TILE = spec.register(OpSpec(
+    code=Op.TILE, name="Tile", min_inputs=1, max_inputs=1,
+    attrs=(AttrField("reps", R, default=(1,) * R),),
+    shape_rule=_tile_rule,
+    lower=lambda inputs, a, out_shape, out_dtype: jnp.tile(
+        inputs[0], a["reps"][R - inputs[0].ndim:] if inputs[0].ndim else ()),
+    flops=_zero_flops))

@@ -50,12 +50,15 @@ class Edit:
 
 def _dtype_rule_table() -> tuple[jax.Array, jax.Array]:
   """Per op code: which input gives the output dtype (0 or 1), or -1 for an attribute, and that
-  attribute's offset."""
+  attribute's offset, or -2 for a fixed dtype, and that dtype's code."""
   from xrlflow_jax import ops  # pylint: disable=g-import-not-at-top
   source, offset = [], []
   for spec in ops.all_specs():
     rule = spec.dtype_rule
-    if rule.startswith("attr:"):
+    if ops.fixed_dtype(rule) is not None:
+      source.append(-2)
+      offset.append(ops.fixed_dtype(rule))
+    elif rule.startswith("attr:"):
       source.append(-1)
       offset.append(spec.attr_offsets()[rule[5:]][0])
     else:
@@ -101,7 +104,8 @@ def complete(graph: layout.Graph, edit: Edit) -> Edit:
     shape, rank, ok = ops.infer_shape_jit(op, in_shapes, in_ranks, attrs, n_in,
                                           jnp.ones_like(in_shapes[0]), jnp.int32(0))
     src = dtype_source[op]
-    dtype = jnp.where(src < 0, attrs[dtype_offset[op]], in_dtypes[jnp.maximum(src, 0)])
+    dtype = jnp.where(src == -2, dtype_offset[op],
+                      jnp.where(src < 0, attrs[dtype_offset[op]], in_dtypes[jnp.maximum(src, 0)]))
     is_const = jnp.all(in_const) & (n_in > 0)
     valid = edit.new_valid[j]
     carry = (shapes.at[j].set(shape), ranks.at[j].set(rank), dtypes.at[j].set(dtype),

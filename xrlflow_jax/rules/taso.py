@@ -866,7 +866,9 @@ class _Translation:
       shape, rank, checks = spec.shape_rule(xp, in_shapes, xp.stack(ranks), vec, len(e.inputs))
       for c, _ in checks:
         ok = ok & c
-      if spec.dtype_rule.startswith("attr:"):
+      if ops.fixed_dtype(spec.dtype_rule) is not None:
+        dtype = xp.asarray(ops.fixed_dtype(spec.dtype_rule), xp.int32)
+      elif spec.dtype_rule.startswith("attr:"):
         dtype = vec[spec.attr_offsets()[spec.dtype_rule[5:]][0]]
       else:
         dtype = v.dtype(e.inputs[1 if spec.dtype_rule == "input1" else 0])
