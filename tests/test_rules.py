@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from xrlflow_jax import cost, executor, models
+from xrlflow_jax.cost import incremental
 from xrlflow_jax import graph as G
 from xrlflow_jax.rules import RuleSet
 from xrlflow_jax.rules.library import builtin_rules
@@ -165,11 +166,14 @@ TINY = ["bert", "resnet18", "squeezenet1_1", "inception_v3", "nasrnn"]
 
 @pytest.fixture(scope="module")
 def zoo_costs():
-  """(full, pruned) jitted graph costs: the pruned form skips the reachability loop."""
+  """(full, pruned, incremental) jitted graph costs: the pruned form skips the reachability
+  loop; the incremental one costs a child from its parent (what the search pays)."""
   coeffs = cost.load_coefficients()
   full = jax.jit(lambda g: cost.graph_cost(g, coeffs))
   pruned = jax.jit(lambda g: cost.graph_cost(g, coeffs, pruned=True))
-  return full, pruned
+  incr = jax.jit(lambda parent, child: incremental.candidate_cost(
+      parent, incremental.cost_base(parent), child, coeffs))
+  return full, pruned, incr
 
 
 def test_ruleset_vmap_matches_per_graph_and_traces_once():
@@ -201,8 +205,9 @@ def test_ruleset_vmap_matches_per_graph_and_traces_once():
 def test_random_rewrite_sequence_keeps_outputs(name, zoo_ruleset, zoo_match, zoo_apply,
                                                zoo_costs):
   """Fifty random valid rewrites of every zoo model: outputs unchanged, and after every rewrite
-  the cost model's pruned form (used on every candidate the search costs) equals the full one."""
-  full_cost, pruned_cost = zoo_costs
+  the cost model's pruned and incremental forms (what the search pays per candidate) equal the
+  full one, the incremental one exactly (no fallback to the full model needed)."""
+  full_cost, pruned_cost, incremental_cost = zoo_costs
   graph, params = models.build(name, "tiny", capacity=256)
   lowered = executor.lower(graph, params)
   inputs = lowered.random_inputs(0)
@@ -215,10 +220,14 @@ def test_random_rewrite_sequence_keeps_outputs(name, zoo_ruleset, zoo_match, zoo
     flat = np.flatnonzero(np.asarray(m.mask).reshape(-1))
     if not len(flat):
       break
+    parent = graph
     graph, ok = zoo_apply(graph, m, int(rng.choice(flat)))
     assert bool(ok), f"step {step}: a masked action was refused"
     applied += 1
-    assert float(pruned_cost(graph)) == pytest.approx(float(full_cost(graph)), rel=1e-6), step
+    full = float(full_cost(graph))
+    assert float(pruned_cost(graph)) == pytest.approx(full, rel=1e-6), step
+    incr, exact = incremental_cost(parent, graph)
+    assert bool(exact) and float(incr) == pytest.approx(full, rel=1e-6), step
     if step % 10 == 9 or step == steps - 1:
       G.validate(graph, params)
   G.validate(graph, params)

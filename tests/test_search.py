@@ -119,9 +119,13 @@ def test_bucket_sizes():
 def test_bucketed_expansion_equals_each_candidate_alone_on_a_zoo_model(monkeypatch):
   """More candidates than the smallest bucket (so the bucket boundary is crossed): every valid
   (rule, location) is built and costed, and equals applying it alone and costing the result
-  with the full (unpruned) cost model; the built child is the graph `apply_at` makes."""
+  with the full (unpruned) cost model; the built child is the graph `apply_at` makes. The
+  incremental cost covers only 1 changed slot here, so its fallback (the child costed again
+  alone) is exercised; its exact path is checked by the rewrite walks of test_rules."""
   from xrlflow_jax import models  # pylint: disable=g-import-not-at-top
+  from xrlflow_jax.cost import incremental  # pylint: disable=g-import-not-at-top
   monkeypatch.setattr(search.expand, "MIN_BUCKET", 8)
+  monkeypatch.setattr(incremental, "MAX_CHANGED", 1)
   graph, _ = models.build("squeezenet1_1", "tiny", capacity=128)
   names = ("relu_after_concat", "conv_bias_relu_unfuse", "enlarge_conv_kernel_bias_sib_bias",
            "merge_conv_shared_input_bias")
@@ -136,6 +140,7 @@ def test_bucketed_expansion_equals_each_candidate_alone_on_a_zoo_model(monkeypat
   np.testing.assert_array_equal(np.sort(children.actions), np.flatnonzero(mask))
   valid, costs = np.asarray(exp.valid), np.asarray(exp.cost)
   assert valid.sum() == children.ok.sum() and np.isinf(costs[~valid]).all()
+  assert 0 < ex.stats.recosted <= valid.sum()
   full_cost = jax.jit(lambda g: cost.graph_cost(g, coeffs))
   for i, a in enumerate(children.actions):
     r, loc = divmod(int(a), rs.max_locations)

@@ -231,7 +231,8 @@ def load_coefficients(device_kind: str | None = None,
 # ----------------------------------------------------------------------------------------------
 
 def node_features(graph: layout.Graph, epilogue_fusion: bool = False, *,
-                  pruned: bool = False) -> jax.Array:
+                  pruned: bool = False, flops: jax.Array | None = None,
+                  const_mb: jax.Array | None = None) -> jax.Array:
   """float32[N, F]: the cost features of every node slot (see the module docstring).
 
   Pure and jittable; vmap it over a batch of graphs of one capacity. Rows of dead slots,
@@ -243,6 +244,10 @@ def node_features(graph: layout.Graph, epilogue_fusion: bool = False, *,
       unread node). Then every alive node reaches an output, so liveness is `alive` and the
       backward-reachability loop (a depth-long `while_loop`, most of the model's time) is
       skipped. Exact under that guarantee; `tests/test_cost.py` checks it on rewritten graphs.
+    flops: float32[N], every slot's FLOPs when the caller has them (`cost.incremental` reuses
+      the rows a rewrite did not change); default `flops_all(graph)`.
+    const_mb: float32[N], the `const.mb` column to use instead of computing it (the
+      incremental cost passes zeros and adds the graph's distinct-constant total itself).
   """
   nd = graph.nodes
   n = nd["op"].shape[-1]
@@ -295,7 +300,7 @@ def node_features(graph: layout.Graph, epilogue_fusion: bool = False, *,
                                  num_segments=n + 1)[:n] > 0
   materialise = need | need_out
 
-  gflop = jnp.where(active, _flops_all(graph), 0.0) / 1e9
+  gflop = jnp.where(active, flops_all(graph) if flops is None else flops, 0.0) / 1e9
   # Siblings: MatMul/Conv2D nodes whose first input (through bitcasts) feeds another of them.
   mmconv = is_mm | (active & (cls == _CONV))
   first_src = jnp.where(mmconv & valid[:, 0], src[:, 0], n)
@@ -338,7 +343,8 @@ def node_features(graph: layout.Graph, epilogue_fusion: bool = False, *,
   cols.append(transpose_mb)
   cols.append(jnp.where(sibling & (cls == _MATMUL), gflop, 0.0))
   cols.append(jnp.where(sibling & (cls == _CONV), gflop, 0.0))
-  cols.append(_distinct_constant_mb(graph, table, live, out_mb))
+  cols.append(distinct_constant_mb(graph, table, live, out_mb) if const_mb is None
+              else const_mb)
   return jnp.stack(cols, axis=-1).astype(jnp.float32)
 
 
@@ -347,10 +353,13 @@ def _mix(h: jax.Array, x: jax.Array) -> jax.Array:
   return (h ^ x.astype(jnp.uint32)) * jnp.uint32(0x01000193) + jnp.uint32(0x9E3779B9)
 
 
-def _distinct_constant_mb(graph: layout.Graph, table: jax.Array, live: jax.Array,
-                          out_mb: jax.Array) -> jax.Array:
-  """float32[N]: MB of each distinct folded constant read by a live computed node, on the
-  first slot of its value class (0 elsewhere). See `CONST`."""
+# Class key of a slot that is not a folded constant read at run time (hash keys are 31-bit).
+NO_CLASS = 0xFFFFFFFF
+
+
+def constant_keys(graph: layout.Graph, table: jax.Array, live: jax.Array) -> jax.Array:
+  """uint32[N]: the value class of every folded constant read by a live computed node (a
+  31-bit hash of its constant sub-tree, see `CONST`), NO_CLASS for every other slot."""
   nd = graph.nodes
   n, k = table.shape
   valid = table >= 0
@@ -362,7 +371,7 @@ def _distinct_constant_mb(graph: layout.Graph, table: jax.Array, live: jax.Array
                                  num_segments=n) > 0
   # A 32-bit hash of (op, attributes, parameter id), then of the inputs' hashes, iterated so a
   # constant sub-tree of depth d is exact after d rounds. A collision between two distinct
-  # weights (probability ~ pairs / 2^32, below 1e-5 for BERT-base's ~200 weights) would count
+  # weights (probability ~ pairs / 2^31, below 1e-5 for BERT-base's ~200 weights) would count
   # them once; one lane keeps the batched cost model cheap.
   base = _mix(jnp.full([n], 0x811C9DC5, jnp.uint32), nd["op"])
   base = _mix(base, jnp.where(nd["op"] == Op.CONSTANT, nd["param_id"], -1))
@@ -374,17 +383,26 @@ def _distinct_constant_mb(graph: layout.Graph, table: jax.Array, live: jax.Array
     for j in range(k):
       new = _mix(new, jnp.where(valid[:, j], h[safe[:, j]], jnp.uint32(7)))
     h = new
-  # One stable sort, non-boundary slots last; the first of each run of equal hashes counts.
-  key = jnp.where(boundary, h >> 1, jnp.uint32(0xFFFFFFFF))
+  return jnp.where(boundary, h >> 1, jnp.uint32(NO_CLASS))
+
+
+def distinct_constant_mb(graph: layout.Graph, table: jax.Array, live: jax.Array,
+                          out_mb: jax.Array) -> jax.Array:
+  """float32[N]: MB of each distinct folded constant read by a live computed node, on the
+  first slot of its value class (0 elsewhere). See `CONST`."""
+  n = table.shape[0]
+  key = constant_keys(graph, table, live)
+  # One stable sort, non-boundary slots last; the first of each run of equal keys counts.
   order = jnp.argsort(key, stable=True)
-  s1, sb = key[order], boundary[order]
-  first = sb & (s1 != jnp.roll(s1, 1)).at[0].set(True)
+  s1 = key[order]
+  first = (s1 != jnp.uint32(NO_CLASS)) & (s1 != jnp.roll(s1, 1)).at[0].set(True)
   first_of_class = jnp.zeros([n], bool).at[order].set(first)
   return jnp.where(first_of_class, out_mb, 0.0)
 
 
-def _flops_all(graph: layout.Graph) -> jax.Array:
-  """float32[N]: FLOPs of every node slot from its op, input shapes and attributes."""
+def flop_operands(graph: layout.Graph) -> tuple[jax.Array, ...]:
+  """What a node's FLOPs depend on, per slot: (op int32[N], input shapes int32[N, K', R],
+  input ranks int32[N, K'], shape int32[N, R], attrs int32[N, A]) with K' = max(K, 3)."""
   nd = graph.nodes
   table = layout.input_table(graph)
   safe = jnp.maximum(table, 0)
@@ -396,7 +414,12 @@ def _flops_all(graph: layout.Graph) -> jax.Array:
     pad = 3 - k
     in_shapes = jnp.pad(in_shapes, ((0, 0), (0, pad), (0, 0)), constant_values=1)
     in_ranks = jnp.pad(in_ranks, ((0, 0), (0, pad)))
-  return jax.vmap(ops.flops_jit)(nd["op"], in_shapes, in_ranks, nd["shape"], nd["attrs"])
+  return nd["op"], in_shapes, in_ranks, nd["shape"], nd["attrs"]
+
+
+def flops_all(graph: layout.Graph) -> jax.Array:
+  """float32[N]: FLOPs of every node slot from its op, input shapes and attributes."""
+  return jax.vmap(ops.flops_jit)(*flop_operands(graph))
 
 
 # ----------------------------------------------------------------------------------------------

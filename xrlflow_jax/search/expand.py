@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from xrlflow_jax.cost import incremental
 from xrlflow_jax.cost import model as cost_model
 from xrlflow_jax.graph import host as graph_host
 from xrlflow_jax.graph import identity
@@ -86,15 +87,19 @@ class ExpanderStats:
     buckets: the bucket sizes used (each compiled once per capacity).
     compile_seconds: wall time of the calls that traced (compile, or load from the persistent
       compilation cache, plus one run).
+    recosted: candidates whose rewrite changed more slots than the incremental cost covers
+      (`cost.incremental.MAX_CHANGED`), costed again alone with the full model.
   """
   candidates: list[int] = dataclasses.field(default_factory=list)
   buckets: set[int] = dataclasses.field(default_factory=set)
   compile_seconds: float = 0.0
+  recosted: int = 0
 
   def reset(self) -> None:
     self.candidates.clear()
     self.buckets.clear()
     self.compile_seconds = 0.0
+    self.recosted = 0
 
 
 def improves(cost: float, reference: float) -> bool:
@@ -119,9 +124,10 @@ class Expander:
   `bucket_size(count)` slots, to one jitted call that builds each candidate's edit (the
   rule-specific plan chosen by `lax.switch`: under `vmap` every rule's small plan runs), completes
   it with the shared shape rules, applies it with the shared edit kernel, and costs the result.
-  The expensive parts never run on an empty (rule, location) slot. Candidates come out of
-  `apply_edit` with every unread node freed, so the cost model skips its reachability loop
-  (`pruned=True`, exact there).
+  The expensive parts never run on an empty (rule, location) slot. Each candidate is costed
+  incrementally from the parent (`cost.incremental`: FLOPs and distinct constants only where
+  the rewrite changed slots; a candidate that changed more slots than it covers is costed
+  again alone with the full model, so every cost equals `graph_cost` of the child).
 
   `jax.jit` caches one executable per graph capacity (N, K) and bucket size, so a search
   compiles a few (`trace_counts` counts traces).
@@ -196,23 +202,24 @@ class Expander:
     used = jnp.arange(size) < flat.sum()
     rule = (idx // rs.max_locations).astype(jnp.int32)
     nodes = match.nodes.reshape(a, -1)[idx]  # [B, P]
+    base = incremental.cost_base(graph)
 
     def one(r, bound, keep):
       # `RuleSet.plans` (each rule vmapped over its L locations, then gathered) traces 2-3 s
       # faster, but was slower per SqueezeNet expansion in two of three side-by-side pairs.
       edit = edit_lib.neutralize(rs.edit(graph, r, bound), keep & (bound[0] >= 0), n)
       new, ok = edit_lib.apply_edit(graph, edit)
-      cost = cost_model.graph_cost(new, self.coeffs, pruned=True)
+      cost, exact = incremental.candidate_cost(graph, base, new, self.coeffs)
       child_ids = identity.child_identities(graph, ids, new, rs.max_new)
-      return new, ok, cost, child_ids, identity.graph_hash(new, child_ids)
+      return new, ok, cost, exact, child_ids, identity.graph_hash(new, child_ids)
 
-    children, ok, c, child_ids, hashes = jax.vmap(one)(rule, nodes, used)
+    children, ok, c, exact, child_ids, hashes = jax.vmap(one)(rule, nodes, used)
     ok = ok & used
     slot = jnp.where(used, idx, a)  # unused bucket slots scatter nowhere
     valid = jnp.zeros([a], bool).at[slot].set(ok, mode="drop")
     cost = jnp.full([a], jnp.inf, jnp.float32).at[slot].set(
         jnp.where(ok, c.astype(jnp.float32), jnp.inf), mode="drop")
-    return valid, cost, idx.astype(jnp.int32), ok, children, child_ids, hashes
+    return valid, cost, idx.astype(jnp.int32), ok, exact | ~ok, children, child_ids, hashes
 
   def _apply_at_impl(self, graph: layout.Graph, rule: jax.Array,
                      nodes: jax.Array) -> tuple[layout.Graph, jax.Array]:
@@ -252,14 +259,21 @@ class Expander:
     match, count, current = self._call(self._match, graph)
     count = int(count)
     size = bucket_size(count, self.num_actions)
-    valid, cost, idx, ok, graphs, child_ids, hashes = self._call(self._bucket, graph, ids, match,
-                                                                 size=size)
+    valid, cost, idx, ok, exact, graphs, child_ids, hashes = self._call(
+        self._bucket, graph, ids, match, size=size)
     self.stats.candidates.append(count)
     self.stats.buckets.add(size)
-    exp = Expansion(valid=valid, cost=cost, nodes=match.nodes, current=current)
     children = Children(actions=np.asarray(idx)[:count], ok=np.asarray(ok)[:count],
                         graphs=layout.to_host(graphs), ids=np.asarray(child_ids),
                         hashes=identity.as_ints(np.asarray(hashes)[:count]))
+    inexact = np.flatnonzero(~np.asarray(exact)[:count])
+    if inexact.size:
+      cost = np.array(cost)
+      for i in inexact:
+        cost[children.actions[i]] = self.cost(children.graph(int(i)))
+      self.stats.recosted += int(inexact.size)
+      cost = jnp.asarray(cost)
+    exp = Expansion(valid=valid, cost=cost, nodes=match.nodes, current=current)
     return exp, children
 
   def apply(self, graph: layout.Graph, action: int) -> layout.Graph:
