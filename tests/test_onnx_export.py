@@ -201,7 +201,8 @@ def test_identical_folded_constants_export_once(tmp_path: Path):
 
 def _issue17_model() -> onnx.ModelProto:
   """One model with every op issue 17 added: comparisons and logic, maths, activations,
-  reductions, ArgMax/ArgMin, LogSoftmax, Expand and Tile (one compile for all of them)."""
+  reductions, ArgMax/ArgMin, LogSoftmax, Expand, Tile, GatherElements, CumSum, Trilu, TopK and
+  ConvTranspose (one compile for all of them)."""
   from onnx import TensorProto, helper, numpy_helper  # pylint: disable=g-import-not-at-top
   n = helper.make_node
   f = TensorProto.FLOAT
@@ -228,15 +229,25 @@ def _issue17_model() -> onnx.ModelProto:
       n("ArgMin", ["x"], ["i2"], axis=3, keepdims=0), n("LogSoftmax", ["x"], ["ls"], axis=1),
       n("Expand", ["col", "shp"], ["ex"]), n("Greater", ["col", "zero"], ["pos"]),
       n("Expand", ["pos", "shp"], ["exb"]), n("Tile", ["col", "reps"], ["ti"]),
+      n("GatherElements", ["x", "gi"], ["gel"], axis=2), n("CumSum", ["x", "cax"], ["cs"],
+                                                          exclusive=1),
+      n("Trilu", ["x", "tk"], ["tl"], upper=0), n("TopK", ["fx", "kk"], ["tv", "ti2"], axis=3),
+      n("TopK", ["x", "kk"], ["tv2", "unused"], largest=0),
+      n("ConvTranspose", ["x", "wt"], ["ct"], strides=[2, 1], pads=[1, 0, 0, 1], group=3),
   ]
   outputs = ["xo", "ce", "rd", "md", "nan", "inf", "a3", "a7", "a10", "r1", "r2", "r3", "r4",
-             "r5", "r6", "i1", "i2", "ls", "ex", "exb", "ti"]
+             "r5", "r6", "i1", "i2", "ls", "ex", "exb", "ti", "gel", "cs", "tl", "tv", "ti2",
+             "tv2", "ct"]
   inits = {"r": np.asarray([0.1, -1.2, 0.5, 2.2, -0.3, 0.0, 1.0, -2.5], np.float32),
            "d": np.asarray([0.7, -0.7, 1.3, -2.0, 0.4, 3.0, -0.3, 1.0], np.float32),
            "s": np.asarray([0.1, 0.2, 0.3], np.float32).reshape(3, 1, 1),
            "ax": np.asarray([1], np.int64), "ax2": np.asarray([2, 3], np.int64),
            "shp": np.asarray([2, 3, 4, 5], np.int64), "zero": np.float32(0.0),
-           "reps": np.asarray([1, 2, 3], np.int64)}
+           "reps": np.asarray([1, 2, 3], np.int64),
+           "gi": np.random.default_rng(0).integers(-8, 8, (2, 3, 5, 8)).astype(np.int64),
+           "cax": np.asarray(1, np.int64), "tk": np.asarray(1, np.int64),
+           "kk": np.asarray([3], np.int64),
+           "wt": np.random.default_rng(1).standard_normal((3, 2, 3, 2)).astype(np.float32)}
   graph = helper.make_graph(
       nodes, "issue17", [helper.make_tensor_value_info("x", f, [2, 3, 8, 8]),
                          helper.make_tensor_value_info("col", f, [3, 1, 1])],

@@ -835,6 +835,105 @@ def _tile_cases() -> list[OpCase]:
                  lambda x, r=r: np.tile(x, r)) for name, xs, r in configs]
 
 
+def _gather_elements_cases() -> list[OpCase]:
+  def ref(data, idx, axis):
+    size = data.shape[axis]
+    idx = np.where(idx < 0, idx + size, idx)
+    crop = tuple(slice(None) if d == axis else slice(0, idx.shape[d]) for d in range(data.ndim))
+    return np.take_along_axis(data[crop], idx, axis=axis)
+  return [OpCase("GatherElements", "axis1", (Arg((3, 4)), Arg((3, 5), "index4", "int32")),
+                 {"axis": 1}, lambda d, i: ref(d, i, 1)),
+          OpCase("GatherElements", "axis0_smaller", (Arg((4, 3, 2)), Arg((2, 2, 2), "index4",
+                                                                        "int32")),
+                 {"axis": 0}, lambda d, i: ref(d, i, 0))]
+
+
+def _ref_cumsum(x: np.ndarray, axis: int, exclusive: bool, reverse: bool) -> np.ndarray:
+  """ONNX CumSum by explicit loops over the axis (not np.cumsum's flip/shift tricks)."""
+  out = np.zeros_like(x)
+  n = x.shape[axis]
+  for i in range(n):
+    js = [j for j in range(n) if (j > i if reverse else j < i) or (j == i and not exclusive)]
+    sel = np.take(x, js, axis=axis).sum(axis=axis) if js else 0
+    idx = [slice(None)] * x.ndim
+    idx[axis] = i
+    out[tuple(idx)] = sel
+  return out
+
+
+def _cumsum_cases() -> list[OpCase]:
+  return [OpCase("CumSum", f"axis{a}_excl{int(e)}_rev{int(r)}", (Arg((3, 4)),),
+                 {"axis": a, "exclusive": e, "reverse": r},
+                 lambda x, a=a, e=e, r=r: _ref_cumsum(x, a, e, r))
+          for a, e, r in ((1, False, False), (0, True, True), (1, True, False))]
+
+
+def _trilu_cases() -> list[OpCase]:
+  def ref(x, upper, k):
+    i = np.arange(x.shape[-2])[:, None]
+    j = np.arange(x.shape[-1])[None, :]
+    keep = (j - i >= k) if upper else (j - i <= k)
+    return np.where(keep, x, 0.0)
+  return [OpCase("Trilu", f"{'upper' if u else 'lower'}_k{k}", (Arg((2, 4, 5)),),
+                 {"upper": u, "k": k}, lambda x, u=u, k=k: ref(x, u, k))
+          for u, k in ((True, 0), (False, -1), (True, 2))]
+
+
+def _ref_top_k(x: np.ndarray, axis: int, k: int, largest: bool) -> tuple[np.ndarray, np.ndarray]:
+  """Values and indices of the k largest (smallest) along axis, equal values by lower index."""
+  moved = np.moveaxis(x, axis, -1)
+  order = np.argsort(-moved if largest else moved, axis=-1, kind="stable")[..., :k]
+  values = np.take_along_axis(moved, order, axis=-1)
+  return np.moveaxis(values, -1, axis), np.moveaxis(order, -1, axis)
+
+
+def _top_k_cases(which: int) -> list[OpCase]:
+  op = ("TopKValues", "TopKIndices")[which]
+  exact = dict(rtol=0, atol=0) if which else {}
+  return [OpCase(op, name, (Arg(xs, kind),), {"axis": a, "k": k, "largest": big},
+                 lambda x, a=a, k=k, big=big: _ref_top_k(x, a, k, big)[which], **exact)
+          for name, xs, kind, a, k, big in (("largest_axis1", (3, 6, 2), "normal", 1, 3, True),
+                                            ("smallest_ties", (4, 5), "small_int", 1, 2, False),
+                                            ("largest_ties_axis0", (6, 3), "small_int", 0, 4,
+                                             True))]
+
+
+def ref_conv_transpose(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None = None, *,
+                       strides: Sequence[int] = (1, 1), pads: Sequence[int] = (0, 0, 0, 0),
+                       dilations: Sequence[int] = (1, 1), groups: int = 1,
+                       output_padding: Sequence[int] = (0, 0)) -> np.ndarray:
+  """ONNX ConvTranspose by scattering: every input value adds value * kernel at its strided
+  position into the full output, which is then cropped by the pads (x NCHW, w [C, O/g, kh, kw])."""
+  n, c, h, wd = x.shape
+  _, og, kh, kw = w.shape
+  (sh, sw), (dh, dw), (oph, opw) = strides, dilations, output_padding
+  full = np.zeros((n, og * groups, sh * (h - 1) + dh * (kh - 1) + 1 + oph,
+                   sw * (wd - 1) + dw * (kw - 1) + 1 + opw))
+  cg = c // groups
+  for g in range(groups):
+    xg, wg = x[:, g * cg:(g + 1) * cg], w[g * cg:(g + 1) * cg]
+    for p in range(kh):
+      for q in range(kw):
+        full[:, g * og:(g + 1) * og, p * dh:p * dh + sh * (h - 1) + 1:sh,
+             q * dw:q * dw + sw * (wd - 1) + 1:sw] += np.einsum("ncij,co->noij", xg, wg[:, :, p, q])
+  pt, pl, pb, pr = pads
+  out = full[:, :, pt:full.shape[2] - pb, pl:full.shape[3] - pr]
+  return out if bias is None else out + bias[None, :, None, None]
+
+
+def _conv_transpose_cases() -> list[OpCase]:
+  configs = [("stride2_pads", (2, 4, 5, 6), (4, 3, 3, 3), True,
+              dict(strides=(2, 2), pads=(1, 0, 0, 1))),
+             ("groups_dilations_output_padding", (1, 4, 4, 5), (4, 2, 3, 2), False,
+              dict(strides=(2, 3), dilations=(2, 1), groups=2, output_padding=(1, 2)))]
+  cases = []
+  for name, xs, ws, bias, attrs in configs:
+    args = (Arg(xs), Arg(ws)) + ((Arg((ws[1] * attrs.get("groups", 1),)),) if bias else ())
+    cases.append(OpCase("ConvTranspose", name, args, attrs,
+                        lambda *v, a=attrs: ref_conv_transpose(*v, **a), rtol=1e-4, atol=1e-4))
+  return cases
+
+
 CASE_BUILDERS: dict[str, Callable[[], list[OpCase]]] = {
     **{op: (lambda op=op: _unary_cases(op)) for op in UNARY_REFS},
     **{op: (lambda op=op: _binary_cases(op)) for op in BINARY_REFS},
@@ -878,6 +977,12 @@ CASE_BUILDERS: dict[str, Callable[[], list[OpCase]]] = {
     "ArgMin": lambda: _arg_cases("ArgMin"),
     "Expand": _expand_cases,
     "Tile": _tile_cases,
+    "GatherElements": _gather_elements_cases,
+    "CumSum": _cumsum_cases,
+    "Trilu": _trilu_cases,
+    "TopKValues": lambda: _top_k_cases(0),
+    "TopKIndices": lambda: _top_k_cases(1),
+    "ConvTranspose": _conv_transpose_cases,
 }
 
 
@@ -942,7 +1047,15 @@ def test_op_numerics(case: OpCase):
   _check_case(case, as_constants=False)
 
 
-@pytest.mark.parametrize("case", FOLDED_CASES, ids=lambda c: c.id)
+# Ops added for ONNX import (issue 17): rewrites never fold them, so their folded path (the same
+# lowering, op by op) runs under -m slow.
+IMPORT_OPS = {*ONNX_UNARY_REFS, *COMPARE_REFS, *LOGIC_REFS, *REDUCE_REFS, "Not", "Mod", "IsNaN",
+              "IsInf", "PRelu", "LogSoftmax", "ArgMax", "ArgMin", "Expand", "Tile",
+              "GatherElements", "CumSum", "Trilu", "TopKValues", "TopKIndices", "ConvTranspose"}
+
+
+@pytest.mark.parametrize("case", [pytest.param(c, marks=pytest.mark.slow) if c.op in IMPORT_OPS
+                                  else c for c in FOLDED_CASES], ids=lambda c: c.id)
 def test_op_numerics_folded(case: OpCase):
   """The op on constants: evaluated once at lowering (weight pre-processing)."""
   _check_case(case, as_constants=True)
@@ -951,7 +1064,8 @@ def test_op_numerics_folded(case: OpCase):
 # Ops whose output a positive rescaling of the operands need not change (the check below
 # rescales): Cast (rounding), Sign and the NaN/inf tests; comparisons of integer-valued floats
 # and ties of ArgMax/ArgMin are checked against hand-made values in test_issue17_references.
-SCALE_INVARIANT = {"Cast", "Sign", "IsNaN", "IsInf", *COMPARE_REFS, "ArgMax", "ArgMin"}
+SCALE_INVARIANT = {"Cast", "Sign", "IsNaN", "IsInf", *COMPARE_REFS, "ArgMax", "ArgMin",
+                   "TopKIndices"}
 
 
 def test_issue17_references():
@@ -964,6 +1078,16 @@ def test_issue17_references():
   assert np.round(np.asarray([0.5, 1.5, 2.5, -0.5])).tolist() == [0.0, 2.0, 2.0, -0.0]
   assert np.mod(np.asarray([-7, 7]), np.asarray([3, -3])).tolist() == [2, -2]
   assert np.fmod(np.asarray([-7, 7]), np.asarray([3, -3])).tolist() == [-1, 1]
+  v, i = _ref_top_k(np.asarray([[2.0, 5.0, 5.0, 1.0]]), 1, 3, True)
+  assert v.tolist() == [[5.0, 5.0, 2.0]] and i.tolist() == [[1, 2, 0]]
+  v, i = _ref_top_k(np.asarray([[2.0, 1.0, 1.0]]), 1, 2, False)
+  assert v.tolist() == [[1.0, 1.0]] and i.tolist() == [[1, 2]]
+  assert _ref_cumsum(np.asarray([1.0, 2.0, 4.0]), 0, True, True).tolist() == [6.0, 4.0, 0.0]
+  # A 1x1 input spreads the kernel; stride 2 leaves zeros between two inputs' kernels.
+  k = np.arange(4.0).reshape(1, 1, 2, 2)
+  assert ref_conv_transpose(np.ones((1, 1, 1, 1)), k)[0, 0].tolist() == [[0, 1], [2, 3]]
+  two = ref_conv_transpose(np.ones((1, 1, 1, 2)), k, strides=(1, 3))[0, 0]
+  assert two.tolist() == [[0, 1, 0, 0, 1], [2, 3, 0, 2, 3]]
   values = make_values(_is_inf_cases()[0])[0]
   assert np.isnan(values).any() and np.isposinf(values).any() and np.isneginf(values).any()
 

@@ -99,11 +99,12 @@ def _op_class_table() -> np.ndarray:
   table[[Op.INPUT, Op.CONSTANT]] = _SOURCE
   table[[Op.RESHAPE, Op.SQUEEZE, Op.UNSQUEEZE]] = _BITCAST
   table[Op.MATMUL] = _MATMUL
-  table[Op.CONV2D] = _CONV
+  table[[Op.CONV2D, Op.CONV_TRANSPOSE]] = _CONV  # same attribute layout (groups, activation)
   table[[Op.SOFTMAX, Op.LOG_SOFTMAX, Op.LAYER_NORM]] = _NORM
   table[[Op.MAX_POOL, Op.AVG_POOL, Op.GLOBAL_AVG_POOL, Op.REDUCE_MEAN, Op.REDUCE_SUM,
          Op.REDUCE_MAX, Op.REDUCE_MIN, Op.REDUCE_PROD, Op.REDUCE_L1, Op.REDUCE_L2,
-         Op.REDUCE_LOG_SUM_EXP, Op.ARG_MAX, Op.ARG_MIN]] = _REDUCE
+         Op.REDUCE_LOG_SUM_EXP, Op.ARG_MAX, Op.ARG_MIN, Op.CUMSUM, Op.TOP_K_VALUES,
+         Op.TOP_K_INDICES]] = _REDUCE
   return table
 
 

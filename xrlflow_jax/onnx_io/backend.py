@@ -3,7 +3,7 @@
 `XrlflowBackend.prepare(model)` imports the model with `onnx_io.load` and lowers it with the
 executor; `rep.run(inputs)` runs the jitted function. The project's graphs have static shapes,
 so inputs that steer shapes rather than carry data (integer tensors such as a Reshape target or
-Slice bounds, and scalars such as Clip bounds) are bound to the values given at run time: the
+Slice bounds, scalars such as Clip bounds, and Resize's roi and scales) are bound to the values given at run time: the
 model is specialised on them (and re-imported when they change), the way a static-shape compiler
 treats them.
 
@@ -48,11 +48,15 @@ class XrlflowRep(BackendRep):
     self.model = model
     inits = {t.name for t in model.graph.initializer}
     self.input_names = [vi.name for vi in model.graph.input if vi.name not in inits]
+    # Float inputs that steer shapes too: Resize's roi and scales, Upsample's scales.
+    self.shape_inputs = {name for node in model.graph.node
+                         if node.op_type in ("Resize", "Upsample")
+                         for name in list(node.input)[1:] if name}
     self._cache: dict[str, tuple[executor.LoweredGraph, list[str], list[np.dtype]]] = {}
 
   def _specialised(self, feeds: dict[str, np.ndarray]) -> tuple[executor.LoweredGraph, list[str],
                                                                 list[np.dtype]]:
-    bound = {k: v for k, v in feeds.items() if _binds(v)}
+    bound = {k: v for k, v in feeds.items() if _binds(v) or k in self.shape_inputs}
     key = hashlib.sha1(b"".join(k.encode() + str(v.dtype).encode() + str(v.shape).encode()
                                 + v.tobytes() for k, v in sorted(bound.items()))).hexdigest()
     if key not in self._cache:

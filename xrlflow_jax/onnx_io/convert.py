@@ -644,6 +644,382 @@ def _conv(ctx: Ctx) -> list[Operand | None]:
   return [ctx.squeeze(y, [2]) if one_d else y]
 
 
+def _einsum_terms(ctx: Ctx, equation: str, ranks: list[int]) -> tuple[list[str], str]:
+  """The labels of each operand and of the output, with "..." spelled out as labels of their own
+  (Greek letters, right-aligned across operands, as broadcasting aligns them)."""
+  eq = equation.replace(" ", "")
+  lhs, arrow, rhs = eq.partition("->")
+  terms = lhs.split(",")
+  if len(terms) != len(ranks):
+    raise ctx.error(f"equation {equation!r} names {len(terms)} operands, the node has "
+                    f"{len(ranks)}")
+  ell_dims = 0
+  for t, r in zip(terms, ranks):
+    if "..." in t:
+      ell_dims = max(ell_dims, r - (len(t) - 3))
+  ell = "".join(chr(0x3B1 + i) for i in range(ell_dims))
+  out_terms = []
+  for t, r in zip(terms, ranks):
+    if "..." in t:
+      k = r - (len(t) - 3)
+      if k < 0:
+        raise ctx.error(f"term {t!r} has more labels than its operand's rank {r}")
+      t = t.replace("...", ell[ell_dims - k:])
+    if not all(ch.isascii() and ch.isalpha() or ch in ell for ch in t):
+      raise ctx.error(f"equation {equation!r}: labels must be letters (and one '...')")
+    if len(t) != r:
+      raise ctx.error(f"term {t!r} has {len(t)} labels for an operand of rank {r}")
+    out_terms.append(t)
+  if arrow:
+    out = rhs.replace("...", ell)
+  else:  # implicit output: the ellipsis, then the labels used once, in alphabetical order
+    counts = {ch: sum(t.count(ch) for t in out_terms) for ch in set("".join(out_terms))}
+    out = ell + "".join(sorted(ch for ch, n in counts.items() if n == 1 and ch not in ell))
+  if len(set(out)) != len(out) or any(ch not in "".join(out_terms) for ch in out):
+    raise ctx.error(f"equation {equation!r}: output labels must be distinct input labels")
+  return out_terms, out
+
+
+def _einsum_pair(ctx: Ctx, a: Operand, ta: str, b: Operand, tb: str, keep: str,
+                 sizes: dict[str, int]) -> tuple[Operand, str]:
+  """a (labels ta) times b (labels tb), summed over the labels not in `keep`: one MatMul of
+  [batch, left, contracted] by [batch, contracted, right]. Returns (result, its labels)."""
+  batch = [ch for ch in ta if ch in tb and ch in keep]
+  contract = [ch for ch in ta if ch in tb and ch not in keep]
+  left = [ch for ch in ta if ch not in tb]
+  right = [ch for ch in tb if ch not in ta]
+
+  def size(labels: list[str]) -> int:
+    return int(np.prod([sizes[ch] for ch in labels])) if labels else 1
+  a3 = ctx.reshape(ctx.transpose(a, [ta.index(ch) for ch in batch + left + contract]),
+                   (size(batch), size(left), size(contract)))
+  b3 = ctx.reshape(ctx.transpose(b, [tb.index(ch) for ch in batch + contract + right]),
+                   (size(batch), size(contract), size(right)))
+  y = ctx.op(Op.MATMUL, [a3, b3])
+  labels = batch + left + right
+  if len(labels) > MAX_RANK:
+    raise ctx.unsupported(f"an intermediate of rank {len(labels)} exceeds the maximum rank "
+                          f"{MAX_RANK}")
+  return ctx.reshape(y, tuple(sizes[ch] for ch in labels)), "".join(labels)
+
+
+@converter("Einsum")
+def _einsum(ctx: Ctx) -> list[Operand | None]:
+  """Einsum as transposes, reshapes, sums and batched MatMuls (the contractions transformers
+  use: "bhqd,bhkd->bhqk", "bij,bjk->bik", "bnd,dh->bnh", ...). Operands are contracted left to
+  right; labels used by one operand only are summed first. Repeated labels within one operand
+  (diagonals) and broadcasting of size-1 dims are not supported."""
+  ctx.check_attrs(["equation"])
+  equation = ctx.attr("equation", "")
+  if not isinstance(equation, str) or not equation:
+    raise ctx.error("the equation attribute is missing")
+  xs = [x for x in ctx.inputs if x is not None]
+  if not xs:
+    raise ctx.error("needs at least one operand")
+  ctx.same_dtype(xs)
+  _float(ctx, xs[0])
+  terms, out = _einsum_terms(ctx, equation, [len(ctx.shape(x)) for x in xs])
+  sizes: dict[str, int] = {}
+  for x, t in zip(xs, terms):
+    if len(set(t)) != len(t):
+      raise ctx.unsupported(f"term {t!r} repeats a label (diagonals are not supported)")
+    for ch, d in zip(t, ctx.shape(x)):
+      if sizes.setdefault(ch, d) != d:
+        raise ctx.unsupported(f"label {ch!r} has sizes {sizes[ch]} and {d} (broadcasting "
+                              "size-1 dims is not supported)")
+
+  def sum_out(x: Operand, t: str, keep: str) -> tuple[Operand, str]:
+    drop = [i for i, ch in enumerate(t) if ch not in keep]
+    if not drop:
+      return x, t
+    y = ctx.op(Op.REDUCE_SUM, [x], axes=_bits(drop), keepdims=False)
+    return y, "".join(ch for ch in t if ch in keep)
+
+  later = ["".join(terms[i + 1:]) for i in range(len(terms))]
+  y, ty = sum_out(xs[0], terms[0], out + later[0])
+  for i in range(1, len(xs)):
+    keep = out + later[i]
+    b, tb = sum_out(xs[i], terms[i], keep + ty)
+    y, ty = sum_out(y, ty, keep + tb)
+    y, ty = _einsum_pair(ctx, y, ty, b, tb, keep, sizes)
+  y, ty = sum_out(y, ty, out)
+  return [ctx.transpose(y, [ty.index(ch) for ch in out])]
+
+
+@converter("ConvTranspose")
+def _conv_transpose(ctx: Ctx) -> list[Operand | None]:
+  ctx.check_attrs(["auto_pad", "dilations", "group", "kernel_shape", "output_padding",
+                   "output_shape", "pads", "strides"])
+  x, w = ctx.inp(0, "X"), ctx.inp(1, "W")
+  ctx.same_dtype([x, w])
+  _float(ctx, x)
+  xs, ws = ctx.shape(x), ctx.shape(w)
+  if len(ws) != len(xs):
+    raise ctx.error(f"weight '{ctx.node.input[1]}' has dims {list(ws)}, which do not fit input "
+                    f"{list(xs)} (same rank needed)")
+  n = len(xs) - 2
+  if n not in (1, 2):
+    raise ctx.unsupported(f"input of rank {len(xs)} is not supported (1-D and 2-D only)")
+  kernel = ctx.ints_attr("kernel_shape", list(ws[2:]))
+  if list(kernel) != list(ws[2:]):
+    raise ctx.error(f"weight has dims {list(ws)} but kernel_shape is {kernel}")
+  strides = _spatial_attr(ctx, "strides", n, 1)
+  dilations = _spatial_attr(ctx, "dilations", n, 1)
+  out_pad = ctx.ints_attr("output_padding", [0] * n)
+  if len(out_pad) != n:
+    raise ctx.error(f"output_padding {out_pad} must be {n} values")
+  full = [s * (i - 1) + op + (k - 1) * d + 1
+          for s, i, op, k, d in zip(strides, xs[2:], out_pad, kernel, dilations)]
+  mode = ctx.attr("auto_pad", "NOTSET")
+  target = ctx.ints_attr("output_shape")
+  if target is None and mode in ("SAME_UPPER", "SAME_LOWER"):
+    target = [i * s for i, s in zip(xs[2:], strides)]
+  if target is not None:  # pads follow from the output shape (ONNX's formula)
+    target = list(target)[-n:]
+    if len(target) != n:
+      raise ctx.error(f"output_shape {target} must give {n} spatial dims")
+    total = [f - t for f, t in zip(full, target)]  # < 0: output beyond the full result
+    if any(t < 0 for t in total) and mode in ("SAME_UPPER", "SAME_LOWER"):
+      raise ctx.unsupported(f"output_shape {target} is larger than the full transposed "
+                            f"convolution {full} with auto_pad {mode}")
+    if mode == "SAME_UPPER":
+      begins, ends = [t // 2 for t in total], [t - t // 2 for t in total]
+    else:
+      begins, ends = [t - t // 2 for t in total], [t // 2 for t in total]
+  elif mode == "VALID":
+    begins, ends = [0] * n, [0] * n
+  else:
+    if mode not in ("NOTSET", ""):
+      raise ctx.error(f"unknown auto_pad {mode!r}")
+    pads = ctx.ints_attr("pads", [0] * (2 * n))
+    if len(pads) != 2 * n or any(p < 0 for p in pads):
+      raise ctx.error(f"pads {pads} must be {2 * n} values >= 0")
+    begins, ends = pads[:n], pads[n:]
+  x4, one_d = _to_2d(ctx, x, "ConvTranspose input")
+  w4 = ctx.unsqueeze(w, [2]) if one_d else w
+  if one_d:
+    strides, dilations, out_pad = [1] + strides, [1] + dilations, [0] + out_pad
+    begins, ends = [0] + begins, [0] + ends
+  inputs = [x4, w4]
+  if ctx.has(2):
+    bias = ctx.inp(2, "B")
+    ctx.same_dtype([x, bias])
+    inputs.append(bias)
+  y = ctx.op(Op.CONV_TRANSPOSE, inputs, strides=tuple(strides), dilations=tuple(dilations),
+             pads=(begins[0], begins[1], ends[0], ends[1]), groups=ctx.int_attr("group", 1),
+             output_padding=tuple(out_pad))
+  return [ctx.squeeze(y, [2]) if one_d else y]
+
+
+# ==================================================================== Resize / Upsample
+# Resizing is separable: each resized axis is a sum over a few taps of Gathers along that axis
+# with constant indices, weighted by constant coefficients, all computed here as onnx's
+# reference does (`onnx.reference.ops.op_resize`): source coordinates by the coordinate
+# transformation mode, neighbours of edge-padded data (clamped indices), exclude_outside,
+# antialias footprints. Nearest is one Gather.
+
+def _resize_coeffs(mode: str, nearest_mode: str, cubic_a: float, antialias: bool,
+                   ratio: float, scale: float) -> np.ndarray:
+  if mode == "nearest":
+    if float(ratio).is_integer():
+      return np.asarray([0.0, 1.0])
+    if nearest_mode == "round_prefer_floor":
+      return np.asarray([ratio <= 0.5, ratio > 0.5], np.float64)
+    if nearest_mode == "round_prefer_ceil":
+      return np.asarray([ratio < 0.5, ratio >= 0.5], np.float64)
+    return np.asarray([1.0, 0.0] if nearest_mode == "floor" else [0.0, 1.0])
+  if mode == "linear":
+    if not antialias:
+      return np.asarray([1 - ratio, ratio])
+    s = min(scale, 1.0)
+    start = int(np.floor(-1 / s) + 1)
+    args = (np.arange(start, start + 2 - 2 * start) - ratio) * s
+    c = np.clip(1 - np.abs(args), 0, 1)
+    return c / c.sum()
+  a = cubic_a
+  if not antialias:
+    r = ratio
+    return np.asarray([((a * (r + 1) - 5 * a) * (r + 1) + 8 * a) * (r + 1) - 4 * a,
+                       ((a + 2) * r - (a + 3)) * r * r + 1,
+                       ((a + 2) * (1 - r) - (a + 3)) * (1 - r) * (1 - r) + 1,
+                       ((a * ((1 - r) + 1) - 5 * a) * ((1 - r) + 1) + 8 * a) * ((1 - r) + 1)
+                       - 4 * a])
+  s = min(scale, 1.0)
+
+  def coeff(x: float) -> float:
+    x = abs(x)
+    if x <= 1:
+      return (a + 2) * x ** 3 - (a + 3) * x ** 2 + 1
+    if x < 2:
+      return a * x ** 3 - 5 * a * x ** 2 + 8 * a * x - 4 * a
+    return 0.0
+  i_start = int(np.floor(-2 / s) + 1)
+  c = np.asarray([coeff(s * (i - ratio)) for i in range(i_start, 2 - i_start)])
+  return c / c.sum()
+
+
+def _resize_taps(ctx: Ctx, in_len: int, out_len: int, scale: float, roi: tuple[float, float],
+                 attrs: dict[str, Any]) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+  """(indices int64[out, n] in [0, in_len), coefficients float64[out, n], the output positions
+  that take the extrapolation value or None) of one resized axis."""
+  ctm = attrs["coordinate_transformation_mode"]
+  y = np.arange(out_len, dtype=np.float64)
+  out_width = scale * in_len
+  extrapolated = None
+  if ctm == "align_corners":
+    x = np.zeros(out_len) if out_width == 1 else y * (in_len - 1) / (out_width - 1)
+  elif ctm == "asymmetric":
+    x = y / scale
+  elif ctm == "pytorch_half_pixel":
+    x = np.full(out_len, -0.5) if out_width == 1 else (y + 0.5) / scale - 0.5
+  elif ctm == "half_pixel":
+    x = (y + 0.5) / scale - 0.5
+  elif ctm == "half_pixel_symmetric":
+    offset = in_len / 2 * (1 - out_len / out_width)
+    x = offset + (y + 0.5) / scale - 0.5
+  elif ctm == "tf_crop_and_resize":
+    lo, hi = roi
+    x = (np.full(out_len, (hi - lo) * (in_len - 1) / 2) if out_width == 1
+         else y * (hi - lo) * (in_len - 1) / (out_width - 1))
+    x = x + lo * (in_len - 1)
+    extrapolated = (x < 0) | (x > in_len - 1)
+  else:
+    raise ctx.error(f"unknown coordinate_transformation_mode {ctm!r}")
+  base = np.floor(x)
+  ratios = np.where(x == base, 1.0, x - base)
+  coeffs = np.stack([_resize_coeffs(attrs["mode"], attrs["nearest_mode"], attrs["cubic_coeff_a"],
+                                    attrs["antialias"], float(r), scale) for r in ratios])
+  n = coeffs.shape[1]
+  pad = int(np.ceil(n / 2))
+  xp_ = x + pad
+  p = np.floor(xp_).astype(np.int64)
+  frac = xp_ - p
+  if n % 2 == 0:
+    offset = np.where(frac == 0, -(n // 2), -(n // 2) + 1)
+  else:
+    offset = np.where(frac <= 0.5, -((n - 1) // 2), -((n - 1) // 2) + 1)
+  idx = (p + offset)[:, None] + np.arange(n)[None, :] - pad
+  if attrs["exclude_outside"]:
+    coeffs = np.where((idx < 0) | (idx >= in_len), 0.0, coeffs)
+    total = coeffs.sum(axis=1, keepdims=True)
+    coeffs = coeffs / np.where(total == 0, 1.0, total)
+  return np.clip(idx, 0, in_len - 1), coeffs, (extrapolated if extrapolated is not None
+                                               and extrapolated.any() else None)
+
+
+def _resize(ctx: Ctx, x: Operand, out_size: list[int], scales: list[float],
+            roi: list[float] | None, attrs: dict[str, Any]) -> Operand:
+  xs = ctx.shape(x)
+  r = len(xs)
+  y = x
+  for axis in range(r):
+    if out_size[axis] < 1:
+      raise ctx.unsupported(f"output size {out_size[axis]} of axis {axis} (zero-size tensors "
+                            "are not supported)")
+    lo, hi = (roi[axis], roi[axis + r]) if roi is not None else (0.0, 1.0)
+    if (math.isclose(scales[axis], 1.0) and out_size[axis] == xs[axis]
+        and math.isclose(lo, 0.0) and math.isclose(hi, 1.0)):
+      continue
+    idx, coeffs, extrapolated = _resize_taps(ctx, xs[axis], out_size[axis], scales[axis],
+                                             (lo, hi), attrs)
+    trail = (1,) * (r - axis - 1)
+    if attrs["mode"] == "nearest":
+      pick = idx[np.arange(len(idx)), np.argmax(coeffs, axis=1)]
+      out = ctx.op(Op.GATHER, [y, ctx.const_value(pick.astype(np.int64), f"nearest_{axis}")],
+                   axis=axis)
+    else:
+      out = None
+      for t in range(coeffs.shape[1]):
+        if not coeffs[:, t].any():
+          continue
+        tap = ctx.op(Op.GATHER, [y, ctx.const_value(idx[:, t].astype(np.int64),
+                                                   f"taps_{axis}_{t}")], axis=axis)
+        w = ctx.const_value(coeffs[:, t].reshape((-1,) + trail).astype(ctx.dtype(x)),
+                            f"weights_{axis}_{t}")
+        term = ctx.op(Op.MUL, [tap, w])
+        out = term if out is None else ctx.op(Op.ADD, [out, term])
+    if extrapolated is not None:
+      mask = ctx.const_value(extrapolated.reshape((-1,) + trail), f"outside_{axis}")
+      out = ctx.op(Op.WHERE, [mask, ctx.scalar(attrs["extrapolation_value"], x, "extrapolation"),
+                              out])
+    y = out
+  return y
+
+
+_RESIZE_ATTRS = {"mode": "nearest", "coordinate_transformation_mode": "half_pixel",
+                 "nearest_mode": "round_prefer_floor", "cubic_coeff_a": -0.75,
+                 "exclude_outside": 0, "extrapolation_value": 0.0, "antialias": 0,
+                 "keep_aspect_ratio_policy": "stretch"}
+
+
+@converter("Resize", "Upsample")
+def _resize_conv(ctx: Ctx) -> list[Operand | None]:
+  upsample = ctx.node.op_type == "Upsample"
+  known = ["mode", "scales"] if upsample else list(_RESIZE_ATTRS) + ["axes"]
+  ctx.check_attrs(known)
+  x = ctx.inp(0, "X")
+  _float(ctx, x)
+  xs = ctx.shape(x)
+  r = len(xs)
+  attrs = {k: ctx.attr(k, v) for k, v in _RESIZE_ATTRS.items()}
+  attrs["mode"] = str(attrs["mode"]).lower()
+  if attrs["mode"] == "bilinear":  # Upsample's name for it (opset 7)
+    attrs["mode"] = "linear"
+  if attrs["mode"] not in ("nearest", "linear", "cubic"):
+    raise ctx.unsupported(f"mode {attrs['mode']!r} is not supported (nearest, linear, cubic)")
+  roi, scales, sizes = None, None, None
+  if upsample or ctx.opset < 11:
+    # Upsample and Resize-10: scales only, asymmetric coordinates, nearest rounds down.
+    attrs["coordinate_transformation_mode"] = "asymmetric"
+    attrs["nearest_mode"] = "floor"
+    if upsample and ctx.opset < 9:
+      scales = [float(v) for v in ctx.attr("scales", [])]
+    else:
+      scales = [float(v) for v in ctx.const(1, "scales").reshape(-1)]
+  else:
+    if ctx.has(1):
+      roi_v = ctx.const(1, "roi").astype(np.float64).reshape(-1)
+      roi = [float(v) for v in roi_v] if roi_v.size else None
+    if ctx.has(2) and ctx.const(2, "scales").size:
+      scales = [float(v) for v in ctx.const(2, "scales").reshape(-1)]
+    if ctx.has(3) and ctx.const(3, "sizes").size:
+      sizes = ctx.ints(3, "sizes")
+  if (scales is None) == (sizes is None):
+    raise ctx.error("exactly one of scales and sizes must be given")
+  axes = [ctx.axis(a, r, "axes") for a in ctx.ints_attr("axes", list(range(r)))]
+  given = scales if scales is not None else sizes
+  if len(given) != len(axes) or (roi is not None and len(roi) != 2 * len(axes)):
+    raise ctx.error(f"scales/sizes/roi {given}/{roi} do not fit {len(axes)} axes")
+  full_scales, full_sizes = [1.0] * r, list(xs)
+  full_roi = None if roi is None else [0.0] * r + [1.0] * r
+  for i, a in enumerate(axes):
+    if scales is not None:
+      full_scales[a] = scales[i]
+    else:
+      full_sizes[a] = sizes[i]
+    if roi is not None:
+      full_roi[a], full_roi[r + a] = roi[i], roi[len(axes) + i]
+  if sizes is not None:
+    full_scales = [full_sizes[i] / xs[i] for i in range(r)]
+    policy = attrs["keep_aspect_ratio_policy"]
+    if policy != "stretch":
+      picked = [full_scales[a] for a in axes]
+      if policy not in ("not_larger", "not_smaller"):
+        raise ctx.error(f"unknown keep_aspect_ratio_policy {policy!r}")
+      s = min(picked) if policy == "not_larger" else max(picked)
+      full_scales = [s if i in axes else 1.0 for i in range(r)]
+      full_sizes = [int(s * xs[i] + 0.5) if i in axes else xs[i] for i in range(r)]
+  else:
+    if any(s <= 0 for s in full_scales):
+      raise ctx.error(f"scales {full_scales} must be > 0")
+    full_sizes = [int(s * d) for s, d in zip(full_scales, xs)]
+  if attrs["antialias"] and attrs["mode"] == "nearest":
+    raise ctx.error("antialias is not defined for mode nearest")
+  if attrs["coordinate_transformation_mode"] == "tf_crop_and_resize" and full_roi is None:
+    raise ctx.error("tf_crop_and_resize needs roi")
+  return [_resize(ctx, x, full_sizes, full_scales, full_roi, attrs)]
+
+
 # ==================================================================== pooling / normalisation
 
 def _pool(ctx: Ctx, op: Op) -> list[Operand | None]:
@@ -665,16 +1041,31 @@ def _pool(ctx: Ctx, op: Op) -> list[Operand | None]:
   if any(d != 1 for d in dilations):
     raise ctx.unsupported(f"dilations {dilations} are not supported (1 only)")
   begins, ends = _auto_pads(ctx, xs[2:], kernel, strides, dilations)
+  common = dict(ceil_mode=bool(ctx.int_attr("ceil_mode", 0)))
+  if op == Op.AVG_POOL:
+    common["count_include_pad"] = bool(ctx.int_attr("count_include_pad", 0))
+
+  def pool2d(x4: Operand, k: Sequence[int], s: Sequence[int], b: Sequence[int],
+             e: Sequence[int]) -> Operand:
+    return ctx.op(op, [x4], kernel=tuple(k), strides=tuple(s), pads=(b[0], b[1], e[0], e[1]),
+                  **common)
+  rest = [None] * (len(ctx.needed) - 1)
+  if n == 3:
+    # 3-D pools are separable: a box's max is the max over depth of the maxima over (H, W),
+    # and its mean the mean over depth of the means over (H, W), as each window's count of
+    # cells (with or without pads; never ceil mode's extra cells) is a product over the axes.
+    bn, c, d, h, w = xs
+    hw = pool2d(ctx.reshape(x, (bn, c * d, h, w)), kernel[1:], strides[1:], begins[1:],
+                ends[1:])
+    ho, wo = ctx.shape(hw)[2:]
+    y = pool2d(ctx.reshape(hw, (bn, c, d, ho * wo)), (kernel[0], 1), (strides[0], 1),
+               (begins[0], 0), (ends[0], 0))
+    return [ctx.reshape(y, (bn, c, ctx.shape(y)[2], ho, wo))] + rest
   x4, one_d = _to_2d(ctx, x, "pool input")
   if one_d:
     kernel, strides, begins, ends = [1] + kernel, [1] + strides, [0] + begins, [0] + ends
-  attrs = dict(kernel=tuple(kernel), strides=tuple(strides),
-               pads=(begins[0], begins[1], ends[0], ends[1]),
-               ceil_mode=bool(ctx.int_attr("ceil_mode", 0)))
-  if op == Op.AVG_POOL:
-    attrs["count_include_pad"] = bool(ctx.int_attr("count_include_pad", 0))
-  y = ctx.op(op, [x4], **attrs)
-  return [ctx.squeeze(y, [2]) if one_d else y] + [None] * (len(ctx.needed) - 1)
+  y = pool2d(x4, kernel, strides, begins, ends)
+  return [ctx.squeeze(y, [2]) if one_d else y] + rest
 
 
 @converter("MaxPool")
@@ -767,6 +1158,47 @@ def _instance_norm(ctx: Ctx) -> list[Operand | None]:
   per_channel = (c,) + (1,) * (len(xs) - 2)
   y = ctx.op(Op.MUL, [y, ctx.reshape(scale, per_channel)])
   return [ctx.op(Op.ADD, [y, ctx.reshape(bias, per_channel)])]
+
+
+@converter("GroupNormalization")
+def _group_norm(ctx: Ctx) -> list[Operand | None]:
+  """Normalise each group of C / num_groups channels (with the spatial dims) of a sample, then
+  the per-channel affine map (opset 18 gives scale and bias per group; 21 per channel)."""
+  ctx.check_attrs(["epsilon", "num_groups", "stash_type"])
+  if ctx.int_attr("stash_type", 1) != 1:
+    raise ctx.unsupported("stash_type other than 1 (float32 statistics) is not supported")
+  x, scale, bias = ctx.inp(0, "X"), ctx.inp(1, "scale"), ctx.inp(2, "bias")
+  _float(ctx, x)
+  ctx.same_dtype([x, scale, bias])
+  xs = ctx.shape(x)
+  groups = ctx.int_attr("num_groups", 0)
+  if len(xs) < 3:
+    raise ctx.error(f"input must have rank >= 3, got {list(xs)}")
+  n, c = xs[0], xs[1]
+  if groups < 1 or c % groups:
+    raise ctx.error(f"num_groups {groups} must be >= 1 and divide the {c} channels")
+  per_group = c // groups
+  for what, p in (("scale", scale), ("bias", bias)):
+    if ctx.shape(p) not in ((c,), (groups,)):
+      raise ctx.error(f"{what} has dims {list(ctx.shape(p))}, expected [{c}] (or [{groups}] "
+                      "before opset 21)")
+  one = ctx.const_value(np.ones([1], ctx.dtype(x)), "one")
+  grouped = ctx.reshape(x, (n, groups, int(np.prod(xs[1:])) // groups))
+  y = ctx.op(Op.LAYER_NORM, [grouped, one], axis=2, epsilon=ctx.float_attr("epsilon", 1e-5))
+  y = ctx.reshape(y, xs)
+
+  def per_channel(p: Operand) -> Operand:
+    if ctx.shape(p) == (groups,) and groups != c:  # one value per group: repeat per channel
+      p = ctx.op(Op.EXPAND, [ctx.reshape(p, (groups, 1))],
+                 **dict(zip(("shape", "rank"), _padded(groups, per_group))))
+    return ctx.reshape(p, (c,) + (1,) * (len(xs) - 2))
+  y = ctx.op(Op.MUL, [y, per_channel(scale)])
+  return [ctx.op(Op.ADD, [y, per_channel(bias)])]
+
+
+def _padded(*dims: int) -> tuple[tuple[int, ...], int]:
+  padded, rank = ops.pad_shape(dims)
+  return tuple(int(v) for v in padded), rank
 
 
 @converter("LRN")
@@ -1071,6 +1503,82 @@ def _gather(ctx: Ctx) -> list[Operand | None]:
                       f"shape {list(ds)}")
     idx = Const(np.where(v < 0, v + ds[axis], v), idx.name)
   return [ctx.op(Op.GATHER, [data, idx], axis=axis)]
+
+
+@converter("GatherElements")
+def _gather_elements(ctx: Ctx) -> list[Operand | None]:
+  ctx.check_attrs(["axis"])
+  data, idx = ctx.inp(0, "data"), ctx.inp(1, "indices")
+  ds, its = ctx.shape(data), ctx.shape(idx)
+  axis = ctx.axis(ctx.int_attr("axis", 0), len(ds))
+  if not np.issubdtype(ctx.dtype(idx), np.integer):
+    raise ctx.error(f"indices must be integers, got {ctx.dtype(idx).name}")
+  if len(its) != len(ds) or any(i > d for a, (i, d) in enumerate(zip(its, ds)) if a != axis):
+    raise ctx.error(f"indices of shape {list(its)} do not fit data of shape {list(ds)} (same "
+                    "rank, dims off the axis no larger)")
+  if isinstance(idx, Const):
+    v = idx.value.astype(np.int64)
+    if v.size and (v.min() < -ds[axis] or v.max() >= ds[axis]):
+      raise ctx.error(f"indices in [{v.min()}, {v.max()}] are out of range for axis {axis} of "
+                      f"shape {list(ds)}")
+    idx = Const(np.where(v < 0, v + ds[axis], v), idx.name)
+  return [ctx.op(Op.GATHER_ELEMENTS, [data, idx], axis=axis)]
+
+
+@converter("CumSum")
+def _cumsum(ctx: Ctx) -> list[Operand | None]:
+  ctx.check_attrs(["exclusive", "reverse"])
+  x = ctx.inp(0)
+  if ctx.dtype(x) == np.bool_:
+    raise ctx.error("CumSum of a bool tensor")
+  axes = ctx.ints(1, "axis")
+  if len(axes) != 1:
+    raise ctx.error(f"axis must hold one value, got {axes}")
+  axis = ctx.axis(axes[0], len(ctx.shape(x)))
+  return [ctx.op(Op.CUMSUM, [x], axis=axis, exclusive=bool(ctx.int_attr("exclusive", 0)),
+                 reverse=bool(ctx.int_attr("reverse", 0)))]
+
+
+@converter("Trilu")
+def _trilu(ctx: Ctx) -> list[Operand | None]:
+  ctx.check_attrs(["upper"])
+  x = ctx.inp(0)
+  xs = ctx.shape(x)
+  if len(xs) < 2:
+    raise ctx.error(f"input must have rank >= 2, got {list(xs)}")
+  k = ctx.ints(1, "k") if ctx.has(1) else [0]
+  if len(k) != 1:
+    raise ctx.error(f"k must be a scalar, got {k}")
+  k0 = int(np.clip(k[0], -xs[-2] - 1, xs[-1] + 1))  # beyond the matrix: all kept or all zero
+  return [ctx.op(Op.TRILU, [x], upper=bool(ctx.int_attr("upper", 1)), k=k0)]
+
+
+@converter("TopK")
+def _top_k(ctx: Ctx) -> list[Operand | None]:
+  ctx.check_attrs(["axis", "k", "largest", "sorted"])
+  x = ctx.inp(0)
+  xs = ctx.shape(x)
+  if ctx.dtype(x) == np.bool_ or not xs:
+    raise ctx.error(f"input must be a numeric tensor of rank >= 1, got {ctx.dtype(x).name}"
+                    f"{list(xs)}")
+  axis = ctx.axis(ctx.int_attr("axis", -1), len(xs))
+  if ctx.opset < 10:
+    k = ctx.int_attr("k", -1)
+  else:
+    values = ctx.ints(1, "K")
+    if len(values) != 1:
+      raise ctx.error(f"K must hold one value, got {values}")
+    k = values[0]
+  if not 1 <= k <= xs[axis]:
+    raise ctx.unsupported(f"k={k} must lie in [1, {xs[axis]}] (the size of axis {axis}; k=0 "
+                          "makes zero-size outputs)")
+  attrs = dict(axis=axis, k=k, largest=bool(ctx.int_attr("largest", 1)))
+  outs: list[Operand | None] = [None, None]
+  if ctx.needed[0]:
+    outs[0] = ctx.op(Op.TOP_K_VALUES, [x], **attrs)
+  if len(ctx.needed) > 1 and ctx.needed[1]:
+    outs[1] = ctx.op(Op.TOP_K_INDICES, [x], **attrs)
+  return outs[:len(ctx.needed)]
 
 
 @converter("Pad")

@@ -230,6 +230,20 @@ def _emit(w: _Writer, g: layout.Graph, v: int, ins: list[str], srcs: list[int], 
     (axis,) = _axes_from_bits(a["axes"], in_ranks[0])
     w.node("ArgMax" if op == Op.ARG_MAX else "ArgMin", ins, out, axis=axis,
            keepdims=int(a["keepdims"]), select_last_index=int(a["select_last_index"]))
+  elif op == Op.GATHER_ELEMENTS:
+    w.node("GatherElements", ins, out, axis=a["axis"])
+  elif op == Op.CUMSUM:
+    axis = w.initializer(np.asarray(a["axis"], np.int64), f"{out}/axis")
+    w.node("CumSum", [ins[0], axis], out, exclusive=int(a["exclusive"]), reverse=int(a["reverse"]))
+  elif op == Op.TRILU:
+    k = w.initializer(np.asarray(a["k"], np.int64), f"{out}/k")
+    w.node("Trilu", [ins[0], k], out, upper=int(a["upper"]))
+  elif op in (Op.TOP_K_VALUES, Op.TOP_K_INDICES):  # one TopK per node; the other output unused
+    other = w.name(f"{out}/{'indices' if op == Op.TOP_K_VALUES else 'values'}")
+    outs = [out, other] if op == Op.TOP_K_VALUES else [other, out]
+    w.nodes.append(helper.make_node("TopK", [ins[0], w.ints([a["k"]], f"{out}/k")], outs,
+                                    name=out, axis=a["axis"], largest=int(a["largest"]),
+                                    sorted=1))
   elif op == Op.EXPAND:
     w.node("Expand", [ins[0], w.ints(list(ops.unpad_shape(nd["shape"][v], rank)),
                                      f"{out}/shape")], out)
@@ -240,6 +254,12 @@ def _emit(w: _Writer, g: layout.Graph, v: int, ins: list[str], srcs: list[int], 
     pt, pl, pb, pr = a["pads"]
     with_activation("Conv", ins, kernel_shape=list(in_shapes[1][2:]), strides=list(a["strides"]),
                     pads=[pt, pl, pb, pr], dilations=list(a["dilations"]), group=a["groups"])
+  elif op == Op.CONV_TRANSPOSE:
+    pt, pl, pb, pr = a["pads"]
+    with_activation("ConvTranspose", ins, kernel_shape=list(in_shapes[1][2:]),
+                    strides=list(a["strides"]), pads=[pt, pl, pb, pr],
+                    dilations=list(a["dilations"]), group=a["groups"],
+                    output_padding=list(a["output_padding"]))
   elif op == Op.MATMUL:
     with_activation("MatMul", ins)
   elif op == Op.GELU:

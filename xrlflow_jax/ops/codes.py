@@ -94,6 +94,13 @@ class Op(enum.IntEnum):
   # Data movement with shapes known at import.
   EXPAND = 80
   TILE = 81
+  # More import ops (issue 17, second part).
+  GATHER_ELEMENTS = 82
+  CUMSUM = 83
+  TRILU = 84
+  TOP_K_VALUES = 85
+  TOP_K_INDICES = 86
+  CONV_TRANSPOSE = 87
 
 
 SOURCE_OPS = (Op.INPUT, Op.CONSTANT)

@@ -93,6 +93,80 @@ CONV2D = spec.register(OpSpec(
     shape_rule=_conv_rule, lower=_conv_lower, flops=_conv_flops))
 
 
+# ------------------------------------------------------------------ ConvTranspose
+# x [N, C, H, W], w [C, O/groups, kh, kw], optional bias [O] -> [N, O, Ho, Wo] with
+# Ho = sh * (H - 1) + output_padding + dh * (kh - 1) + 1 - pt - pb (ONNX; a negative pad, from
+# an ONNX output_shape beyond the full result, adds rows that no input reaches). The attributes
+# lay out as Conv2D's (groups and the fused activation at the same offsets), then
+# output_padding.
+
+def _conv_transpose_rule(xp, in_shapes, in_ranks, attrs, n_inputs):
+  x, w = in_shapes[0], in_shapes[1]
+  sh, sw, pt, pl, pb, pr, dh, dw, groups = (attrs[i] for i in range(9))
+  oph, opw = attrs[10], attrs[11]
+  n, c, h, wd = x[R - 4], x[R - 3], x[R - 2], x[R - 1]
+  cw, og, kh, kw = w[R - 4], w[R - 3], w[R - 2], w[R - 1]
+  g = xp.maximum(groups, 1)
+  o = og * g
+  ho = sh * (h - 1) + oph + dh * (kh - 1) + 1 - pt - pb
+  wo = sw * (wd - 1) + opw + dw * (kw - 1) + 1 - pl - pr
+  out = xp.stack([xp.ones_like(n), xp.ones_like(n), n, o, ho, wo]).astype(xp.int32)
+  bias = in_shapes[2] if in_shapes.shape[0] > 2 else in_shapes[0]
+  bias_rank = in_ranks[2] if in_shapes.shape[0] > 2 else 1
+  has_bias = xp.asarray(n_inputs) >= 3
+  checks = [
+      (xp.asarray((in_ranks[0] == 4) & (in_ranks[1] == 4)), "input and weight must be rank 4"),
+      (xp.asarray(groups >= 1), "groups must be >= 1"),
+      (xp.asarray((sh >= 1) & (sw >= 1) & (dh >= 1) & (dw >= 1)),
+       "strides and dilations must be >= 1"),
+      (xp.asarray((oph >= 0) & (opw >= 0) & (oph < xp.maximum(sh, dh))
+                  & (opw < xp.maximum(sw, dw))),
+       "output_padding must be >= 0 and below the stride or dilation"),
+      (xp.asarray((c == cw) & (c % g == 0)),
+       "input channels must equal the weight's first dim and divide by groups"),
+      (xp.asarray((ho >= 1) & (wo >= 1)), "pads larger than the output"),
+      (xp.asarray(~has_bias | ((bias_rank == 1) & (bias[R - 1] == o))),
+       "bias must be rank 1 with one value per output channel"),
+  ]
+  return out, xp.asarray(4, xp.int32), checks
+
+
+def _conv_transpose_lower(inputs, a, out_shape, out_dtype):
+  """The gradient of a convolution: a convolution of the input dilated by the strides with
+  the kernel flipped and its channel axes swapped (per group)."""
+  x, w = inputs[0], inputs[1].astype(inputs[0].dtype)
+  g = a["groups"]
+  c, og, kh, kw = w.shape
+  w = w.reshape(g, c // g, og, kh, kw).transpose(0, 2, 1, 3, 4).reshape(g * og, c // g, kh, kw)
+  w = jnp.flip(w, (2, 3))
+  pt, pl, pb, pr = a["pads"]
+  dh, dw = a["dilations"]
+  oph, opw = a["output_padding"]
+  padding = ((dh * (kh - 1) - pt, dh * (kh - 1) - pb + oph),
+             (dw * (kw - 1) - pl, dw * (kw - 1) - pr + opw))
+  y = lax.conv_general_dilated(
+      x, w, window_strides=(1, 1), padding=padding, lhs_dilation=a["strides"],
+      rhs_dilation=a["dilations"], dimension_numbers=("NCHW", "OIHW", "NCHW"),
+      feature_group_count=g, precision=lax.Precision.HIGHEST)
+  if len(inputs) > 2:
+    y = y + inputs[2].astype(y.dtype)[None, :, None, None]
+  return apply_activation(y, a["activation"])
+
+
+def _conv_transpose_flops(xp, in_shapes, in_ranks, out_shape, attrs):
+  w = in_shapes[1]
+  per_in = w[R - 3].astype(xp.float32) * w[R - 2] * w[R - 1]  # O/g * kh * kw per input value
+  return 2.0 * spec.numel(xp, in_shapes[0]) * per_in
+
+
+CONV_TRANSPOSE = spec.register(OpSpec(
+    code=Op.CONV_TRANSPOSE, name="ConvTranspose", min_inputs=2, max_inputs=3,
+    attrs=(AttrField("strides", 2, default=(1, 1)), AttrField("pads", 4, default=(0, 0, 0, 0)),
+           AttrField("dilations", 2, default=(1, 1)), AttrField("groups", default=1), _ACT,
+           AttrField("output_padding", 2, default=(0, 0))),
+    shape_rule=_conv_transpose_rule, lower=_conv_transpose_lower, flops=_conv_transpose_flops))
+
+
 # ------------------------------------------------------------------ MatMul
 # a [..., m, k] @ b [..., k, n] -> [broadcast(...), m, n]; both operands rank >= 2.
 

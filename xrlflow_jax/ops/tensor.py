@@ -1,10 +1,11 @@
 """Data-movement operators: Input, Constant, Concat, Slice, Reshape, Transpose, Squeeze,
-Unsqueeze, Gather, Pad, Expand, Tile.
+Unsqueeze, Gather, Pad, Expand, Tile, GatherElements, CumSum, Trilu, TopK.
 
 Axes are stored non-negative (importers and the builder normalise negative axes)."""
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -324,3 +325,125 @@ TILE = spec.register(OpSpec(
     lower=lambda inputs, a, out_shape, out_dtype: jnp.tile(
         inputs[0], a["reps"][R - inputs[0].ndim:] if inputs[0].ndim else ()),
     flops=_zero_flops))
+
+
+# ------------------------------------------------------------------ GatherElements
+# out[i...] = data[i... with axis replaced by indices[i...]]: out has the indices' shape, the
+# data's rank; off the axis, the indices' dims may not exceed the data's.
+
+def _gather_elements_rule(xp, in_shapes, in_ranks, attrs, n_inputs):
+  del n_inputs
+  data, dr = in_shapes[0], in_ranks[0]
+  idx, ir = in_shapes[1], in_ranks[1]
+  axis = attrs[0]
+  at_axis = spec.positions(xp) == R - dr + axis
+  checks = [(xp.asarray((axis >= 0) & (axis < dr)), "axis out of range"),
+            (xp.asarray(ir == dr), "indices must have the data's rank"),
+            (xp.asarray(xp.all(at_axis | (idx <= data))),
+             "indices dims off the axis must not exceed the data's")]
+  return idx.astype(xp.int32), ir, checks
+
+
+def _gather_elements_lower(inputs, a, out_shape, out_dtype):
+  data, idx = inputs
+  axis = a["axis"]
+  # Off the axis, output position j reads data at j: crop the data to the indices' dims.
+  crop = tuple(slice(None) if d == axis else slice(0, idx.shape[d]) for d in range(data.ndim))
+  data = data[crop]
+  size = data.shape[axis]
+  idx = jnp.where(idx < 0, idx + size, idx)  # ONNX allows negative indices
+  return jnp.take_along_axis(data, idx.astype(jnp.int32), axis=axis)
+
+
+GATHER_ELEMENTS = spec.register(OpSpec(
+    code=Op.GATHER_ELEMENTS, name="GatherElements", min_inputs=2, max_inputs=2,
+    attrs=(AttrField("axis"),), shape_rule=_gather_elements_rule, lower=_gather_elements_lower,
+    flops=_zero_flops))
+
+
+# ------------------------------------------------------------------ CumSum (one axis)
+
+def _axis_rule(xp, in_shapes, in_ranks, attrs, n_inputs):
+  """Same shape; attrs[0] is an axis of the input."""
+  del n_inputs
+  axis = attrs[0]
+  return in_shapes[0].astype(xp.int32), in_ranks[0], [
+      (xp.asarray((axis >= 0) & (axis < in_ranks[0])), "axis out of range")]
+
+
+def _cumsum_lower(inputs, a, out_shape, out_dtype):
+  x = inputs[0]
+  axis = a["axis"]
+  if a["reverse"]:
+    x = jnp.flip(x, axis)
+  y = jnp.cumsum(x, axis=axis, dtype=x.dtype)
+  if a["exclusive"]:  # shift by one: element i sums the elements before i
+    pad = [(0, 0)] * x.ndim
+    pad[axis] = (1, 0)
+    y = jnp.pad(y, pad)[tuple(slice(0, n) for n in x.shape)]
+  return jnp.flip(y, axis) if a["reverse"] else y
+
+
+CUMSUM = spec.register(OpSpec(
+    code=Op.CUMSUM, name="CumSum", min_inputs=1, max_inputs=1,
+    attrs=(AttrField("axis"), AttrField("exclusive", kind="bool", default=False),
+           AttrField("reverse", kind="bool", default=False)),
+    shape_rule=_axis_rule, lower=_cumsum_lower,
+    flops=lambda xp, in_shapes, in_ranks, out_shape, attrs: spec.numel(xp, out_shape)))
+
+
+# ------------------------------------------------------------------ Trilu (last two axes)
+
+def _trilu_rule(xp, in_shapes, in_ranks, attrs, n_inputs):
+  del attrs, n_inputs
+  return in_shapes[0].astype(xp.int32), in_ranks[0], [
+      (xp.asarray(in_ranks[0] >= 2), "input must have rank >= 2")]
+
+
+def _trilu_lower(inputs, a, out_shape, out_dtype):
+  x = inputs[0]
+  return jnp.triu(x, a["k"]) if a["upper"] else jnp.tril(x, a["k"])
+
+
+TRILU = spec.register(OpSpec(
+    code=Op.TRILU, name="Trilu", min_inputs=1, max_inputs=1,
+    attrs=(AttrField("upper", kind="bool", default=True), AttrField("k")),
+    shape_rule=_trilu_rule, lower=_trilu_lower, flops=_zero_flops))
+
+
+# ------------------------------------------------------------------ TopK (constant k)
+# Two ops, one per ONNX output (values keep the dtype, indices are int64); both sort (ONNX's
+# sorted=0 allows any order), equal values by lower index first.
+
+def _top_k_rule(xp, in_shapes, in_ranks, attrs, n_inputs):
+  del n_inputs
+  x, rank = in_shapes[0], in_ranks[0]
+  axis, k = attrs[0], attrs[1]
+  size = spec.dim(xp, x, rank, axis)
+  checks = [(xp.asarray((axis >= 0) & (axis < rank)), "axis out of range"),
+            (xp.asarray((k >= 1) & (k <= size)), "k must lie in [1, dim of the axis]")]
+  return spec.set_dim(xp, x, rank, axis, k).astype(xp.int32), rank, checks
+
+
+def _top_k(x, a):
+  axis, k = a["axis"], a["k"]
+  moved = jnp.moveaxis(x, axis, -1)
+  values, indices = jax.lax.top_k(moved if a["largest"] else -moved, k)
+  if not a["largest"]:
+    values = -values
+  return jnp.moveaxis(values, -1, axis), jnp.moveaxis(indices, -1, axis)
+
+
+_TOP_K_ATTRS = (AttrField("axis"), AttrField("k", default=1),
+                AttrField("largest", kind="bool", default=True))
+TOP_K_VALUES = spec.register(OpSpec(
+    code=Op.TOP_K_VALUES, name="TopKValues", min_inputs=1, max_inputs=1, attrs=_TOP_K_ATTRS,
+    shape_rule=_top_k_rule,
+    lower=lambda inputs, a, out_shape, out_dtype: _top_k(inputs[0], a)[0],
+    flops=lambda xp, in_shapes, in_ranks, out_shape, attrs: 4.0 * spec.numel(xp, in_shapes[0])))
+TOP_K_INDICES = spec.register(OpSpec(
+    code=Op.TOP_K_INDICES, name="TopKIndices", min_inputs=1, max_inputs=1, attrs=_TOP_K_ATTRS,
+    shape_rule=_top_k_rule,
+    lower=lambda inputs, a, out_shape, out_dtype: _top_k(inputs[0], a)[1].astype(
+        jax.dtypes.canonicalize_dtype(out_dtype)),
+    flops=TOP_K_VALUES.flops, dtype_rule="dtype:int64"))
