@@ -421,3 +421,24 @@ def test_search_benchmark_times_cold_and_warm_calls(toy):
   assert row.taso_expansions_per_s == bench.TASO_EXPANSIONS_PER_S["squeezenet"]
   table = bench.markdown([row])
   assert "squeezenet-toy" in table and table.count("\n") == 2
+
+
+def test_identity_cache_holds_objects_and_evicts_the_least_recently_used():
+  """Keys are objects by identity (value-equal objects do not share an entry); entries keep
+  their objects alive, so an id is never reused while cached; past maxsize the least recently
+  used entry goes."""
+  from xrlflow_jax.search.cache import IdentityCache  # pylint: disable=g-import-not-at-top
+  cache: IdentityCache[int] = IdentityCache(maxsize=2)
+  a, b, c = [0], [0], [0]  # equal values, distinct objects
+  calls = []
+  def make(v):
+    calls.append(v)
+    return v
+  assert cache.get((a,), lambda: make(1)) == 1
+  assert cache.get((b,), lambda: make(2)) == 2
+  assert cache.get((a,), lambda: make(9)) == 1  # a hit; a is now the most recent
+  assert cache.get((c,), lambda: make(3)) == 3  # evicts b
+  assert len(cache) == 2 and calls == [1, 2, 3]
+  assert cache.get((b,), lambda: make(4)) == 4  # b was evicted: rebuilt
+  with pytest.raises(ValueError, match="maxsize"):
+    IdentityCache(0)

@@ -35,17 +35,12 @@ import numpy as np
 
 from xrlflow_jax import cost, measure, workflow
 from xrlflow_jax import graph as G
-from xrlflow_jax.errors import UsageError
 from xrlflow_jax.graph import Graph, ParamStore
 from xrlflow_jax.search.result import JOB_METHODS
 
 METHODS = JOB_METHODS  # what the benchmark binaries accept
 
 Log = Callable[[str], None]
-
-
-class BenchmarkError(UsageError):
-  """A bad option of an experiment (a policy used at another capacity)."""
 
 
 # ----------------------------------------------------------------------------------------------

@@ -38,13 +38,6 @@ def summarize_model(name: str, size: str = "default", *, repeats: int = 20,
                 build_s, stats.compile_s, stats)
 
 
-def zoo_table(names: Sequence[str] | None = None, size: str = "default", *, repeats: int = 20,
-              warmup: int = 3) -> list[ZooRow]:
-  """`summarize_model` for each model (all of the zoo by default)."""
-  return [summarize_model(n, size, repeats=repeats, warmup=warmup)
-          for n in (names or models.list_models())]
-
-
 def markdown(rows: Sequence[ZooRow]) -> str:
   """The rows as a markdown table."""
   lines = ["| model | size | nodes | capacity | params (MB) | build (s) | lower+compile (s) | "

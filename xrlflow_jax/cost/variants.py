@@ -19,7 +19,6 @@ import jax
 import numpy as np
 
 from xrlflow_jax import workflow
-from xrlflow_jax.errors import XrlflowError
 from xrlflow_jax.graph import ParamStore, host, layout
 from xrlflow_jax.rules import RuleSet
 from xrlflow_jax.rules.library import builtin_rules
@@ -120,42 +119,6 @@ class RewriteWalker:
         out.append((g2, Step(rule.name, rule.family,
                              tuple(int(v) for v in nodes[r, loc] if v >= 0))))
     return out
-
-  def apply_family(self, graph: layout.Graph, family: str, max_steps: int = 10_000
-                   ) -> tuple[layout.Graph, list[Step]]:
-    """Applies the family's rules that are not inverses of an applied rule, until none match.
-
-    Rules come in pairs (merge and split, fuse and unfuse); a pair would loop, so once a rule
-    fires its declared inverse is excluded. Locations are taken first-found each step.
-    """
-    members = [i for i, r in enumerate(self.rules) if r.family == family]
-    if not members:
-      raise XrlflowError(f"no rule of family {family!r}; families: "
-                         f"{sorted({r.family for r in self.rules})}")
-    banned: set[str] = set()
-    trail: list[Step] = []
-    for _ in range(max_steps):
-      mask, nodes = self.matches(graph)
-      applied = False
-      for r in members:
-        rule = self.rules[r]
-        if rule.name in banned or not mask[r].any():
-          continue
-        for loc in np.flatnonzero(mask[r]):
-          g2, ok = self.apply(graph, r, nodes[r, loc])
-          if ok:
-            graph = g2
-            trail.append(Step(rule.name, family, tuple(int(v) for v in nodes[r, loc] if v >= 0)))
-            if rule.inverse:
-              banned.add(rule.inverse)
-            banned.update(x.name for x in self.rules if x.inverse == rule.name)
-            applied = True
-            break
-        if applied:
-          break
-      if not applied:
-        break
-    return graph, trail
 
 
 def fingerprint(graph: layout.Graph) -> str:

@@ -335,8 +335,3 @@ class CompiledRule:
                   max(len(self.rule.src), 1))
     return edit_lib.apply_edit(graph, e)
 
-
-def view_attr_from_vec(op: Any, vec: jax.Array, name: str) -> jax.Array:
-  """A decoded int attribute from an attribute vector (inside jit)."""
-  offset, _ = ops.get(op).attr_offsets()[name]
-  return vec[offset]

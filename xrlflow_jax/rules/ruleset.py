@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Iterable, Sequence
 
 import chex
@@ -171,10 +170,3 @@ def graph_op_codes(graphs: Iterable[layout.Graph]) -> set[int]:
     codes |= {int(x) for x in np.unique(op[alive])}
   return codes
 
-
-@dataclasses.dataclass(frozen=True)
-class Location:
-  """A host-side view of one match: rule name, location index and bound nodes."""
-  rule: str
-  location: int
-  nodes: tuple[int, ...]

@@ -12,6 +12,7 @@ from xrlflow_jax.graph import layout
 from xrlflow_jax.graph.params import ParamStore
 from xrlflow_jax.rules.compile import DEFAULT_MAX_LOCATIONS
 from xrlflow_jax.rules.ruleset import RuleSet, graph_op_codes, rules_that_can_fire
+from xrlflow_jax.search.cache import IdentityCache
 from xrlflow_jax.search.backtracking import taso
 from xrlflow_jax.search.beam import beam
 from xrlflow_jax.search.expand import Expander
@@ -26,7 +27,7 @@ assert tuple(DRIVERS) == METHODS
 
 _RULESETS: dict[tuple[str, ...], RuleSet] = {}
 _MAX_RULESETS = 16
-_EXPANDERS: dict[tuple[int, int], tuple[RuleSet, Any, Expander]] = {}
+_EXPANDERS: IdentityCache[Expander] = IdentityCache(_MAX_RULESETS)
 
 
 def default_ruleset(graph: layout.Graph | None = None) -> RuleSet:
@@ -55,14 +56,7 @@ def is_default(ruleset: RuleSet) -> bool:
 
 def get_expander(ruleset: RuleSet, coeffs: cost_model.CostCoefficients) -> Expander:
   """The Expander of (ruleset, coeffs), cached: repeated searches reuse its compiled code."""
-  key = (id(ruleset), id(coeffs))
-  hit = _EXPANDERS.get(key)
-  if hit is None or hit[0] is not ruleset or hit[1] is not coeffs:
-    if len(_EXPANDERS) >= _MAX_RULESETS:
-      _EXPANDERS.pop(next(iter(_EXPANDERS)))
-    hit = (ruleset, coeffs, Expander(ruleset, coeffs))
-    _EXPANDERS[key] = hit
-  return hit[2]
+  return _EXPANDERS.get((ruleset, coeffs), lambda: Expander(ruleset, coeffs))
 
 
 def optimize(graph: layout.Graph, params: ParamStore, method: str = "taso",

@@ -21,6 +21,7 @@ from xrlflow_jax.graph import identity
 from xrlflow_jax.graph import layout
 from xrlflow_jax.rules import edit as edit_lib
 from xrlflow_jax.rules.ruleset import RuleSet, RuleSetMatch
+from xrlflow_jax.search.cache import IdentityCache
 from xrlflow_jax.search.result import RewriteStep, SearchError
 
 
@@ -376,12 +377,8 @@ def replay(graph: layout.Graph, ruleset: RuleSet | Expander,
   return layout.to_host(g)
 
 
-_REPLAYERS: dict[int, tuple[RuleSet, Expander]] = {}
+_REPLAYERS: IdentityCache[Expander] = IdentityCache()
 
 
 def _replayer(ruleset: RuleSet) -> Expander:
-  hit = _REPLAYERS.get(id(ruleset))
-  if hit is None or hit[0] is not ruleset:
-    hit = (ruleset, Expander(ruleset, None))  # apply only: no cost model needed
-    _REPLAYERS[id(ruleset)] = hit
-  return hit[1]
+  return _REPLAYERS.get((ruleset,), lambda: Expander(ruleset, None))  # apply only: no costs

@@ -16,6 +16,7 @@ from xrlflow_jax.env.types import Observation
 from xrlflow_jax.graph import layout
 from xrlflow_jax.graph.params import ParamStore
 from xrlflow_jax.search import guard
+from xrlflow_jax.search.cache import IdentityCache
 from xrlflow_jax.search.expand import Expander, check_graph, improves
 from xrlflow_jax.search.result import SearchError, SearchResult
 
@@ -55,7 +56,7 @@ def network_params_of(agent: Agent, network_params: Any, seed_index: int | None 
                     "set?); pass the params trained with this agent")
 
 
-_SHAPES: dict[int, tuple[Agent, list[tuple[int, ...]]]] = {}
+_SHAPES: IdentityCache[list[tuple[int, ...]]] = IdentityCache()
 
 
 class _PolicyNet:
@@ -113,16 +114,11 @@ class _PolicyNet:
     return jnp.where(mask, dist.log_probs, -jnp.inf)
 
 
-_NETS: dict[tuple, tuple[Agent, Any, _PolicyNet]] = {}
+_NETS: IdentityCache[_PolicyNet] = IdentityCache()
 
 
 def _policy_net(agent: Agent, node_cost_fn: Any, exact: bool) -> _PolicyNet:
-  key = (id(agent), id(node_cost_fn), exact)
-  hit = _NETS.get(key)
-  if hit is None or hit[0] is not agent or hit[1] is not node_cost_fn:
-    hit = (agent, node_cost_fn, _PolicyNet(agent, node_cost_fn, exact))
-    _NETS[key] = hit
-  return hit[2]
+  return _NETS.get((agent, node_cost_fn, exact), lambda: _PolicyNet(agent, node_cost_fn, exact))
 
 
 def policy(graph: layout.Graph, params: ParamStore, expander: Expander, *, agent: Agent,
@@ -173,10 +169,10 @@ def policy(graph: layout.Graph, params: ParamStore, expander: Expander, *, agent
   net_fn = _policy_net(agent, node_cost_fn, exact)
   jgraph = jax.tree_util.tree_map(jnp.asarray, g0)
   first = expander.costs(jgraph)
-  if id(agent) not in _SHAPES or _SHAPES[id(agent)][0] is not agent:
+  def leaf_shapes() -> list[tuple[int, ...]]:
     shapes = jax.eval_shape(net_fn.init, jax.random.PRNGKey(0), jgraph, first)  # traces only
-    _SHAPES[id(agent)] = (agent, [tuple(x.shape) for x in jax.tree_util.tree_leaves(shapes)])
-  net = network_params_of(agent, network_params, seed_index, _SHAPES[id(agent)][1])
+    return [tuple(x.shape) for x in jax.tree_util.tree_leaves(shapes)]
+  net = network_params_of(agent, network_params, seed_index, _SHAPES.get((agent,), leaf_shapes))
   rng = np.random.default_rng(seed)
   cost0 = float(first.current)
   best_g, best_cost, best_steps = g0, cost0, []
