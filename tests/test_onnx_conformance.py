@@ -23,8 +23,6 @@ from xrlflow_jax import errors  # noqa: E402
 from xrlflow_jax.onnx_io import backend as xb  # noqa: E402
 
 EXCLUDED: dict[str, str] = {
-    r"^test_(averagepool|maxpool)_(2d|3d)_dilations|^test_maxpool_3d_dilations":
-        "dilated pooling (no dilation in the project's pool ops)",
     r"training_mode|^test_training_dropout": "training mode (the importer is for inference; "
                                              "random dropout has no static result)",
     r"^test_maxpool_with_argmax": "MaxPool's Indices output (not supported)",

@@ -351,6 +351,13 @@ _CASES = {
          _N("ConvTranspose", ["x1", "w1"], ["d"], strides=[2], auto_pad="SAME_UPPER")],
         _X + [("x1", _F, (2, 3, 7))], {"wt": _w(3, 4, 3, 3), "bt": _w(4),
                                         "wg": _w(3, 2, 3, 2), "w1": _w(3, 2, 3)}, 18),
+    "pools_dilated": (
+        [_N("MaxPool", ["x"], ["a"], kernel_shape=[2, 3], dilations=[2, 2], pads=[1, 1, 0, 2],
+            ceil_mode=1, strides=[2, 1]),
+         _N("AveragePool", ["x"], ["b"], kernel_shape=[3, 2], dilations=[1, 3],
+            count_include_pad=1, pads=[1, 0, 1, 1]),
+         _N("MaxPool", ["v"], ["c"], kernel_shape=[2, 2, 2], dilations=[2, 1, 2])],
+        _X + [("v", _F, (1, 2, 5, 6, 7))], {}, 19),
     "pools_3d": (
         [_N("MaxPool", ["v"], ["a"], kernel_shape=[2, 3, 2], strides=[2, 1, 2],
             pads=[1, 0, 1, 0, 1, 0], ceil_mode=1),

@@ -209,31 +209,34 @@ def _pool_len(size: int, begin: int, end: int, k: int, s: int, ceil_mode: bool) 
 
 
 def ref_pool(x: np.ndarray, kind: str, *, kernel: Sequence[int], strides: Sequence[int],
-             pads: Sequence[int], ceil_mode: bool, count_include_pad: bool) -> np.ndarray:
+             pads: Sequence[int], ceil_mode: bool, count_include_pad: bool,
+             dilations: Sequence[int] = (1, 1)) -> np.ndarray:
   """ONNX MaxPool / AveragePool on NCHW, one output cell at a time.
 
-  A window covers input rows [oh*sh - top, oh*sh - top + kh). Max and (count_include_pad off)
+  A window covers input rows oh*sh - top + i*dh for i < kh. Max and (count_include_pad off)
   average use the cells inside the input; with count_include_pad the divisor counts the cells
   inside the explicitly padded input (never the extra cells ceil mode reaches).
   """
   x = _f64(x) if kind == "avg" else x
   n, c, h, w = x.shape
-  (kh, kw), (sh, sw) = kernel, strides
+  (kh, kw), (sh, sw), (dh, dw) = kernel, strides, dilations
   pt, pl, pb, pr = pads
-  ho = _pool_len(h, pt, pb, kh, sh, ceil_mode)
-  wo = _pool_len(w, pl, pr, kw, sw, ceil_mode)
+  ho = _pool_len(h, pt, pb, (kh - 1) * dh + 1, sh, ceil_mode)
+  wo = _pool_len(w, pl, pr, (kw - 1) * dw + 1, sw, ceil_mode)
   out = np.zeros((n, c, ho, wo), x.dtype)
   for oh, ow in itertools.product(range(ho), range(wo)):
     r0, c0 = oh * sh - pt, ow * sw - pl
-    rows = [r for r in range(r0, r0 + kh) if 0 <= r < h]
-    cols = [q for q in range(c0, c0 + kw) if 0 <= q < w]
+    window_rows = [r0 + i * dh for i in range(kh)]
+    window_cols = [c0 + j * dw for j in range(kw)]
+    rows = [r for r in window_rows if 0 <= r < h]
+    cols = [q for q in window_cols if 0 <= q < w]
     cells = x[:, :, rows][:, :, :, cols]
     if kind == "max":
       out[:, :, oh, ow] = cells.max(axis=(2, 3))
     else:
       if count_include_pad:
-        nr = len([r for r in range(r0, r0 + kh) if -pt <= r < h + pb])
-        nc = len([q for q in range(c0, c0 + kw) if -pl <= q < w + pr])
+        nr = len([r for r in window_rows if -pt <= r < h + pb])
+        nc = len([q for q in window_cols if -pl <= q < w + pr])
       else:
         nr, nc = len(rows), len(cols)
       out[:, :, oh, ow] = cells.sum(axis=(2, 3)) / (nr * nc)
@@ -415,6 +418,11 @@ def _pool_cases(op: str) -> list[OpCase]:
       attrs = {"kernel": k, "strides": s, "pads": p, "ceil_mode": ceil, "count_include_pad": cip}
       cases.append(OpCase(op, name + ("_include_pad" if cip else ""), (Arg(xs),), attrs,
                           lambda x, a=attrs: ref_pool(x, kind, **a)))
+  for cip in ((False,) if kind == "max" else (False, True)):  # dilated (issue 17)
+    attrs = {"kernel": (2, 3), "strides": (2, 1), "pads": (1, 0, 1, 2), "ceil_mode": True,
+             "count_include_pad": cip, "dilations": (3, 2)}
+    cases.append(OpCase(op, "dilated" + ("_include_pad" if cip else ""), (Arg((1, 2, 9, 8)),),
+                        attrs, lambda x, a=attrs: ref_pool(x, kind, **a)))
   if kind == "max":
     attrs = {"kernel": (2, 3), "strides": (1, 2), "pads": (1, 1, 0, 2), "ceil_mode": True}
     cases.append(OpCase(op, "int32", (Arg((1, 2, 5, 6), "int", "int32"),),

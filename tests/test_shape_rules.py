@@ -147,7 +147,7 @@ BAD_CASES = [
     BadCase("BatchNorm", "rank1_input", ((3,), (3,), (3,), (3,), (3,)), {},
             "input must be rank >= 2"),
     BadCase("MaxPool", "pad_not_below_kernel", ((1, 1, 5, 5),), _pool((2, 2), pads=(2, 0, 0, 0)),
-            "pads must be in [0, kernel)"),
+            "pads must be in [0, dilated kernel)"),
     BadCase("AvgPool", "kernel_too_large", ((1, 1, 3, 3),), _pool((4, 4)),
             "kernel larger than the padded input"),
     BadCase("MaxPool", "rank3", ((1, 5, 5),), _pool((2, 2)), "input must be rank 4"),
@@ -196,6 +196,9 @@ BAD_CASES = [
             "input channels must equal the weight's first dim"),
     BadCase("ConvTranspose", "output_padding_too_big", ((1, 2, 4, 4), (2, 2, 3, 3)),
             {"strides": (2, 2), "output_padding": (2, 0)}, "output_padding must be >= 0"),
+    BadCase("MaxPool", "pad_not_below_dilated_kernel", ((1, 1, 9, 9),),
+            {"kernel": (2, 2), "pads": (4, 0, 0, 0), "dilations": (3, 1)},
+            "pads must be in [0, dilated kernel)"),
     BadCase("Tile", "repeats_beyond_rank", ((2, 3),), {"reps": (1, 1, 1, 2, 1, 2)},
             "repeats given for axes beyond the rank"),
 ]

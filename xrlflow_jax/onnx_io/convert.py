@@ -1038,17 +1038,15 @@ def _pool(ctx: Ctx, op: Op) -> list[Operand | None]:
     raise ctx.error(f"kernel_shape {kernel} must be {n} values >= 1")
   strides = _spatial_attr(ctx, "strides", n, 1)
   dilations = _spatial_attr(ctx, "dilations", n, 1)
-  if any(d != 1 for d in dilations):
-    raise ctx.unsupported(f"dilations {dilations} are not supported (1 only)")
   begins, ends = _auto_pads(ctx, xs[2:], kernel, strides, dilations)
   common = dict(ceil_mode=bool(ctx.int_attr("ceil_mode", 0)))
   if op == Op.AVG_POOL:
     common["count_include_pad"] = bool(ctx.int_attr("count_include_pad", 0))
 
   def pool2d(x4: Operand, k: Sequence[int], s: Sequence[int], b: Sequence[int],
-             e: Sequence[int]) -> Operand:
+             e: Sequence[int], d: Sequence[int]) -> Operand:
     return ctx.op(op, [x4], kernel=tuple(k), strides=tuple(s), pads=(b[0], b[1], e[0], e[1]),
-                  **common)
+                  dilations=tuple(d), **common)
   rest = [None] * (len(ctx.needed) - 1)
   if n == 3:
     # 3-D pools are separable: a box's max is the max over depth of the maxima over (H, W),
@@ -1056,15 +1054,16 @@ def _pool(ctx: Ctx, op: Op) -> list[Operand | None]:
     # cells (with or without pads; never ceil mode's extra cells) is a product over the axes.
     bn, c, d, h, w = xs
     hw = pool2d(ctx.reshape(x, (bn, c * d, h, w)), kernel[1:], strides[1:], begins[1:],
-                ends[1:])
+                ends[1:], dilations[1:])
     ho, wo = ctx.shape(hw)[2:]
     y = pool2d(ctx.reshape(hw, (bn, c, d, ho * wo)), (kernel[0], 1), (strides[0], 1),
-               (begins[0], 0), (ends[0], 0))
+               (begins[0], 0), (ends[0], 0), (dilations[0], 1))
     return [ctx.reshape(y, (bn, c, ctx.shape(y)[2], ho, wo))] + rest
   x4, one_d = _to_2d(ctx, x, "pool input")
   if one_d:
     kernel, strides, begins, ends = [1] + kernel, [1] + strides, [0] + begins, [0] + ends
-  y = pool2d(x4, kernel, strides, begins, ends)
+    dilations = [1] + dilations
+  y = pool2d(x4, kernel, strides, begins, ends, dilations)
   return [ctx.squeeze(y, [2]) if one_d else y] + rest
 
 

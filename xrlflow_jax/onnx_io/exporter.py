@@ -280,7 +280,8 @@ def _emit(w: _Writer, g: layout.Graph, v: int, ins: list[str], srcs: list[int], 
   elif op in (Op.MAX_POOL, Op.AVG_POOL):
     pt, pl, pb, pr = a["pads"]
     attrs = dict(kernel_shape=list(a["kernel"]), strides=list(a["strides"]),
-                 pads=[pt, pl, pb, pr], ceil_mode=int(a["ceil_mode"]))
+                 pads=[pt, pl, pb, pr], ceil_mode=int(a["ceil_mode"]),
+                 dilations=[max(int(d), 1) for d in a["dilations"]])
     if op == Op.AVG_POOL:
       attrs["count_include_pad"] = int(a["count_include_pad"])
     w.node("MaxPool" if op == Op.MAX_POOL else "AveragePool", ins, out, **attrs)

@@ -206,10 +206,13 @@ MATMUL = spec.register(OpSpec(
 
 # ------------------------------------------------------------------ Pools (NCHW)
 
+# dilations (appended for issue 17): 0 reads as 1, so attribute vectors written before it mean
+# what they meant.
 _POOL_ATTRS = (AttrField("kernel", 2, default=(1, 1)), AttrField("strides", 2, default=(1, 1)),
                AttrField("pads", 4, default=(0, 0, 0, 0)),
                AttrField("ceil_mode", kind="bool", default=False),
-               AttrField("count_include_pad", kind="bool", default=False))
+               AttrField("count_include_pad", kind="bool", default=False),
+               AttrField("dilations", 2, default=(1, 1)))
 
 
 def _pool_out(xp, size, pad_begin, pad_end, kernel, stride, ceil_mode):
@@ -224,19 +227,26 @@ def _pool_rule(xp, in_shapes, in_ranks, attrs, n_inputs):
   del n_inputs
   x = in_shapes[0]
   kh, kw, sh, sw, pt, pl, pb, pr, ceil = (attrs[i] for i in range(9))
-  ho = _pool_out(xp, x[R - 2], pt, pb, kh, sh, ceil)
-  wo = _pool_out(xp, x[R - 1], pl, pr, kw, sw, ceil)
+  dh, dw = xp.maximum(attrs[10], 1), xp.maximum(attrs[11], 1)
+  ho = _pool_out(xp, x[R - 2], pt, pb, (kh - 1) * dh + 1, sh, ceil)
+  wo = _pool_out(xp, x[R - 1], pl, pr, (kw - 1) * dw + 1, sw, ceil)
   pos = spec.positions(xp)
   out = xp.where(pos == R - 2, ho, xp.where(pos == R - 1, wo, x)).astype(xp.int32)
   checks = [
       (xp.asarray(in_ranks[0] == 4), "input must be rank 4 (NCHW)"),
       (xp.asarray((kh >= 1) & (kw >= 1) & (sh >= 1) & (sw >= 1)),
        "kernel and strides must be >= 1"),
-      (xp.asarray((pt < kh) & (pb < kh) & (pl < kw) & (pr < kw) & (pt >= 0) & (pl >= 0)
-                  & (pb >= 0) & (pr >= 0)), "pads must be in [0, kernel)"),
+      (xp.asarray((attrs[10] >= 0) & (attrs[11] >= 0)), "dilations must be >= 1"),
+      (xp.asarray((pt < (kh - 1) * dh + 1) & (pb < (kh - 1) * dh + 1) & (pl < (kw - 1) * dw + 1)
+                  & (pr < (kw - 1) * dw + 1) & (pt >= 0) & (pl >= 0) & (pb >= 0) & (pr >= 0)),
+       "pads must be in [0, dilated kernel)"),
       (xp.asarray((ho >= 1) & (wo >= 1)), "kernel larger than the padded input"),
   ]
   return out, in_ranks[0], checks
+
+
+def _dilations(a) -> tuple[int, int]:
+  return tuple(max(int(d), 1) for d in a["dilations"])
 
 
 def _pool_padding(x_shape, a, out_shape):
@@ -244,7 +254,8 @@ def _pool_padding(x_shape, a, out_shape):
   pt, pl, pb, pr = a["pads"]
   pads, extras = [], []
   for i, (b, e) in enumerate(((pt, pb), (pl, pr))):
-    size, k, s, o = x_shape[2 + i], a["kernel"][i], a["strides"][i], out_shape[2 + i]
+    k = (a["kernel"][i] - 1) * _dilations(a)[i] + 1
+    size, s, o = x_shape[2 + i], a["strides"][i], out_shape[2 + i]
     need = (o - 1) * s + k - (size + b + e)
     pads.append((b, e))
     extras.append(max(0, need))
@@ -257,7 +268,8 @@ def _max_pool_lower(inputs, a, out_shape, out_dtype):
   padding = ((0, 0), (0, 0)) + tuple((b, e + x_) for (b, e), x_ in zip(pads, extras))
   init = -jnp.inf if jnp.issubdtype(x.dtype, jnp.floating) else jnp.iinfo(x.dtype).min
   return lax.reduce_window(x, jnp.asarray(init, x.dtype), lax.max, (1, 1) + a["kernel"],
-                           (1, 1) + a["strides"], padding)
+                           (1, 1) + a["strides"], padding,
+                           window_dilation=(1, 1) + _dilations(a))
 
 
 def _avg_pool_lower(inputs, a, out_shape, out_dtype):
@@ -265,7 +277,9 @@ def _avg_pool_lower(inputs, a, out_shape, out_dtype):
   pads, extras = _pool_padding(x.shape, a, out_shape)
   window, strides = (1, 1) + a["kernel"], (1, 1) + a["strides"]
   padding = ((0, 0), (0, 0)) + tuple((b, e + x_) for (b, e), x_ in zip(pads, extras))
-  total = lax.reduce_window(x, jnp.asarray(0, x.dtype), lax.add, window, strides, padding)
+  dil = (1, 1) + _dilations(a)
+  total = lax.reduce_window(x, jnp.asarray(0, x.dtype), lax.add, window, strides, padding,
+                            window_dilation=dil)
   # Divisor: the window's cells inside the input, plus the explicit pads if count_include_pad;
   # the extra cells that ceil mode adds never count.
   ones = jnp.ones((1, 1) + x.shape[2:], x.dtype)
@@ -274,7 +288,8 @@ def _avg_pool_lower(inputs, a, out_shape, out_dtype):
     count_pad = ((0, 0), (0, 0)) + tuple((0, x_) for x_ in extras)
   else:
     count_pad = padding
-  count = lax.reduce_window(ones, jnp.asarray(0, x.dtype), lax.add, window, strides, count_pad)
+  count = lax.reduce_window(ones, jnp.asarray(0, x.dtype), lax.add, window, strides, count_pad,
+                            window_dilation=dil)
   return total / count
 
 
