@@ -83,7 +83,16 @@ def test_conformance_subcommand():
   out = io.StringIO()
   assert cli.main(["conformance", "--filter", r"^test_(relu|softmax_axis_0)$"], out=out) == 0
   text = out.getvalue()
-  assert "Relu" in text and "Softmax" in text and "all                          2/2" in text
+  assert "Relu" in text and "Softmax" in text
+  assert text.splitlines()[0].split() == ["op", "pass/total", "failed", "excluded"]
+  assert [line.split() for line in text.splitlines() if line.startswith("all")] == [
+      ["all", "2/2", "0", "0"]]
+  out = io.StringIO()  # excluded cases are counted with their reason, not run
+  assert cli.main(["conformance", "--filter", r"^test_(relu|reduce_max_empty_set)$"],
+                  out=out) == 0
+  text = out.getvalue()
+  assert ["ReduceMax", "0/0", "0", "1"] in [line.split() for line in text.splitlines()]
+  assert "excluded: 1 cases" in text and "zero-size tensors" in text
 
 
 def test_module_entry_point(tmp_path: Path):

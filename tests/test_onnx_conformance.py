@@ -22,25 +22,11 @@ import onnx.backend.test  # noqa: E402
 from xrlflow_jax import errors  # noqa: E402
 from xrlflow_jax.onnx_io import backend as xb  # noqa: E402
 
-EXCLUDED: dict[str, str] = {
-    r"training_mode|^test_training_dropout": "training mode (the importer is for inference; "
-                                             "random dropout has no static result)",
-    r"^test_maxpool_with_argmax": "MaxPool's Indices output (not supported)",
-    r"^test_convtranspose_3d": "3-D transposed convolution (the project's are 1-D and 2-D)",
-    r"^test_nllloss_NCd1d2d3d4d5": "rank-7 tensors (the project's maximum rank is 6)",
-    r"^test_pow_types_int(32|64)_float32": "integer Pow (the importer computes Pow on floats)",
-    r"_empty_set|zero_size|^test_reshape_allowzero_reordered|^test_slice_start_out_of_bounds"
-    r"|^test_shape_start_greater_than_end"
-    r"|^test_rotary_embedding(_3d_input|_interleaved|_no_position_ids(_interleaved)?)?_expanded$":
-        "zero-size tensors (every dim of the project's tensors is >= 1)",
-}
+EXCLUDED = xb.EXCLUDED  # what is excluded, and why (the CLI's table counts them per op)
 
 
 def _exclusion(name: str) -> str | None:
-  for pattern, reason in EXCLUDED.items():
-    if re.search(pattern, name):
-      return reason
-  return None
+  return xb.exclusion(name)
 
 
 _CASES = {c.name: c for c in xb.node_cases()}
