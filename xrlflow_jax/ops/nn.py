@@ -4,8 +4,6 @@ and TASO's weight transforms (Enlarge, MergeGConv)."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import jax
 import jax.numpy as jnp
 from jax import lax
