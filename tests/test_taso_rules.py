@@ -15,7 +15,7 @@ import pytest
 from xrlflow_jax import GraphBuilder
 from xrlflow_jax.ops import Op
 from xrlflow_jax.rules import RuleSet
-from xrlflow_jax.rules import taso
+from xrlflow_jax.rules import taso, taso_wire
 from xrlflow_jax.rules.taso import RuleImportError
 from xrlflow_jax.rules.verify import verify_rule
 
@@ -87,9 +87,9 @@ def test_skips_have_reasons_and_split_rules_are_translated(imported):
 def test_decoder_reads_parameters_and_negative_ids(imported):
   t = imported.source[0]  # MatMul(MatMul(v1, v4), v5) => MatMul(v1, MatMul(v4, v5))
   assert [op.name for op in t.src] == ["MatMul", "MatMul"]
-  assert t.src[0].inputs == (taso.TasoTensor(-1, 0), taso.TasoTensor(-4, 0))
+  assert t.src[0].inputs == (taso_wire.TasoTensor(-1, 0), taso_wire.TasoTensor(-4, 0))
   assert t.src[1].param("Activation") == 0
-  assert t.mapped == (taso.TasoMapping(1, 0, 1, 0),)
+  assert t.mapped == (taso_wire.TasoMapping(1, 0, 1, 0),)
   conv = imported.source[59].dst[0]
   assert (conv.param("StrideH"), conv.param("Pad"), conv.param("KernelH")) == (1, 0, 3)
 
@@ -202,7 +202,7 @@ def _op(op_type: int, inputs: list[tuple[int, int]], **params: int) -> bytes:
   for op_id, ts in inputs:
     out += _field(2, _field(1, op_id) + _field(2, ts))
   for name, value in params.items():
-    out += _field(3, _field(1, taso.PM[name]) + _field(2, value))
+    out += _field(3, _field(1, taso_wire.PM[name]) + _field(2, value))
   return out
 
 
@@ -222,44 +222,44 @@ CONV = dict(StrideH=1, StrideW=1, Pad=0, KernelH=3, KernelW=3)
 SYNTHETIC = {
     # (A^T B^T) = (B A)^T; perm (1, 0) packs to 1 * 2 + 0 = 2.
     "transpose": _rule(
-        [_op(taso.TRANSPOSE, [V1], NumDim=2, Perm=2, OutShuffle=0),
-         _op(taso.TRANSPOSE, [V2], NumDim=2, Perm=2, OutShuffle=0),
-         _op(taso.MATMUL, [(0, 0), (1, 0)], Activation=0)],
-        [_op(taso.MATMUL, [V2, V1], Activation=0),
-         _op(taso.TRANSPOSE, [(0, 0)], NumDim=2, Perm=2, OutShuffle=1)], [(2, 0, 1, 0)]),
+        [_op(taso_wire.TRANSPOSE, [V1], NumDim=2, Perm=2, OutShuffle=0),
+         _op(taso_wire.TRANSPOSE, [V2], NumDim=2, Perm=2, OutShuffle=0),
+         _op(taso_wire.MATMUL, [(0, 0), (1, 0)], Activation=0)],
+        [_op(taso_wire.MATMUL, [V2, V1], Activation=0),
+         _op(taso_wire.TRANSPOSE, [(0, 0)], NumDim=2, Perm=2, OutShuffle=1)], [(2, 0, 1, 0)]),
     # (x * s) @ w = (x @ w) * s for a scalar s.
     "scalar_mul": _rule(
-        [_op(taso.SCALAR_MUL, [V1, S]), _op(taso.MATMUL, [(0, 0), V2], Activation=0)],
-        [_op(taso.MATMUL, [V1, V2], Activation=0), _op(taso.SCALAR_MUL, [(0, 0), S])],
+        [_op(taso_wire.SCALAR_MUL, [V1, S]), _op(taso_wire.MATMUL, [(0, 0), V2], Activation=0)],
+        [_op(taso_wire.MATMUL, [V1, V2], Activation=0), _op(taso_wire.SCALAR_MUL, [(0, 0), S])],
         [(1, 0, 1, 0)]),
     # TASO's enlarge-and-merge: conv(x, w1), conv(x, w2) -> split(conv(x, concat(enlarge(w1), w2))).
     "enlarge_merge": _rule(
-        [_op(taso.CONV2D, [X, W1], Activation=0, **CONV),
-         _op(taso.CONV2D, [X, W2], Activation=0, **CONV)],
-        [_op(taso.ENLARGE, [W1, W2]),
-         _op(taso.CONCAT, [(0, 0), W2], NumInputs=2, Axis=0, NumDim=4),
-         _op(taso.CONV2D, [X, (1, 0)], Activation=0, **CONV),
-         _op(taso.SPLIT, [(2, 0)], NumOutputs=2, Axis=1)], [(0, 0, 3, 0), (1, 0, 3, 1)]),
+        [_op(taso_wire.CONV2D, [X, W1], Activation=0, **CONV),
+         _op(taso_wire.CONV2D, [X, W2], Activation=0, **CONV)],
+        [_op(taso_wire.ENLARGE, [W1, W2]),
+         _op(taso_wire.CONCAT, [(0, 0), W2], NumInputs=2, Axis=0, NumDim=4),
+         _op(taso_wire.CONV2D, [X, (1, 0)], Activation=0, **CONV),
+         _op(taso_wire.SPLIT, [(2, 0)], NumOutputs=2, Axis=1)], [(0, 0, 3, 0), (1, 0, 3, 1)]),
     # tanh(conv(x, w)) -> conv<tanh>(x, w); sigmoid moved through a concat.
     "conv_tanh": _rule(
-        [_op(taso.CONV2D, [X, W1], Activation=0, **CONV), _op(taso.TANH, [(0, 0)])],
-        [_op(taso.CONV2D, [X, W1], Activation=3, **CONV)], [(1, 0, 0, 0)]),
+        [_op(taso_wire.CONV2D, [X, W1], Activation=0, **CONV), _op(taso_wire.TANH, [(0, 0)])],
+        [_op(taso_wire.CONV2D, [X, W1], Activation=3, **CONV)], [(1, 0, 0, 0)]),
     "sigmoid_concat": _rule(
-        [_op(taso.SIGMOID, [V1]), _op(taso.SIGMOID, [V2]),
-         _op(taso.CONCAT, [(0, 0), (1, 0)], NumInputs=2, Axis=1, NumDim=2)],
-        [_op(taso.CONCAT, [V1, V2], NumInputs=2, Axis=1, NumDim=2), _op(taso.SIGMOID, [(0, 0)])],
+        [_op(taso_wire.SIGMOID, [V1]), _op(taso_wire.SIGMOID, [V2]),
+         _op(taso_wire.CONCAT, [(0, 0), (1, 0)], NumInputs=2, Axis=1, NumDim=2)],
+        [_op(taso_wire.CONCAT, [V1, V2], NumInputs=2, Axis=1, NumDim=2), _op(taso_wire.SIGMOID, [(0, 0)])],
         [(2, 0, 1, 0)]),
     # A Split in the source: relu(concat(split(x))) -> relu(x).
     "source_split": _rule(
-        [_op(taso.SPLIT, [V1], NumOutputs=2, Axis=1),
-         _op(taso.CONCAT, [(0, 0), (0, 1)], NumInputs=2, Axis=1, NumDim=2),
-         _op(taso.RELU, [(1, 0)])],
-        [_op(taso.RELU, [V1])], [(2, 0, 0, 0)]),
+        [_op(taso_wire.SPLIT, [V1], NumOutputs=2, Axis=1),
+         _op(taso_wire.CONCAT, [(0, 0), (0, 1)], NumInputs=2, Axis=1, NumDim=2),
+         _op(taso_wire.RELU, [(1, 0)])],
+        [_op(taso_wire.RELU, [V1])], [(2, 0, 0, 0)]),
 }
 
 
 def _translate(*rules: bytes) -> taso.TasoImport:
-  return taso.translate(taso.parse_rule_collection(_collection(*rules), "synthetic"), "synthetic")
+  return taso.translate(taso_wire.parse_rule_collection(_collection(*rules), "synthetic"), "synthetic")
 
 
 @pytest.mark.parametrize("name", sorted(SYNTHETIC))
@@ -271,15 +271,15 @@ def test_synthetic_rules_translate_and_verify(name):
 
 
 def test_unsupported_rules_are_skipped_with_reasons():
-  batchnorm = _rule([_op(11, [X])], [_op(taso.RELU, [X])], [(0, 0, 0, 0)])
-  src_enlarge = _rule([_op(taso.ENLARGE, [W1, W2])], [_op(taso.RELU, [W1])], [(0, 0, 0, 0)])
+  batchnorm = _rule([_op(11, [X])], [_op(taso_wire.RELU, [X])], [(0, 0, 0, 0)])
+  src_enlarge = _rule([_op(taso_wire.ENLARGE, [W1, W2])], [_op(taso_wire.RELU, [W1])], [(0, 0, 0, 0)])
   free_split = _rule(  # the split sizes of relu(x) are not determined by any Concat
-      [_op(taso.RELU, [V1])],
-      [_op(taso.SPLIT, [V1], NumOutputs=2, Axis=1), _op(taso.CONCAT, [(0, 0), (0, 1)],
+      [_op(taso_wire.RELU, [V1])],
+      [_op(taso_wire.SPLIT, [V1], NumOutputs=2, Axis=1), _op(taso_wire.CONCAT, [(0, 0), (0, 1)],
                                                          NumInputs=2, Axis=1, NumDim=2),
-       _op(taso.RELU, [(1, 0)])], [(0, 0, 2, 0)])
-  self_conv = _rule([_op(taso.CONV2D, [X, X], Activation=0, **CONV)],
-                    [_op(taso.CONV2D, [X, X], Activation=2, **CONV)], [(0, 0, 0, 0)])
+       _op(taso_wire.RELU, [(1, 0)])], [(0, 0, 2, 0)])
+  self_conv = _rule([_op(taso_wire.CONV2D, [X, X], Activation=0, **CONV)],
+                    [_op(taso_wire.CONV2D, [X, X], Activation=2, **CONV)], [(0, 0, 0, 0)])
   result = _translate(batchnorm, src_enlarge, free_split, self_conv)
   reasons = dict(result.skipped)
   assert "BatchNorm" in reasons[0]
@@ -306,14 +306,14 @@ def test_truncated_and_corrupt_files_raise(tmp_path):
 
 
 def test_dangling_reference_names_the_rule():
-  bad = _rule([_op(taso.RELU, [(1, 0)]), _op(taso.RELU, [V1])], [_op(taso.RELU, [V1])],
+  bad = _rule([_op(taso_wire.RELU, [(1, 0)]), _op(taso_wire.RELU, [V1])], [_op(taso_wire.RELU, [V1])],
               [(0, 0, 0, 0)])
   ok = SYNTHETIC["conv_tanh"]
   with pytest.raises(RuleImportError, match=r"rule 1 srcOp 0: input \(1, 0\)"):
-    taso.parse_rule_collection(_collection(ok, bad), "file.pb")
-  unknown_var = _rule([_op(taso.RELU, [V1])], [_op(taso.RELU, [V2])], [(0, 0, 0, 0)])
+    taso_wire.parse_rule_collection(_collection(ok, bad), "file.pb")
+  unknown_var = _rule([_op(taso_wire.RELU, [V1])], [_op(taso_wire.RELU, [V2])], [(0, 0, 0, 0)])
   with pytest.raises(RuleImportError, match="v2"):
-    taso.parse_rule_collection(_collection(unknown_var), "file.pb")
+    taso_wire.parse_rule_collection(_collection(unknown_var), "file.pb")
 
 
 def test_example_shapes_vary_and_satisfy_the_rule():
