@@ -1495,13 +1495,19 @@ def _gather(ctx: Ctx) -> list[Operand | None]:
   axis = ctx.axis(ctx.int_attr("axis", 0), len(ds))
   if not np.issubdtype(ctx.dtype(idx), np.integer):
     raise ctx.error(f"indices must be integers, got {ctx.dtype(idx).name}")
-  if isinstance(idx, Const):
-    v = idx.value.astype(np.int64)
-    if v.size and (v.min() < -ds[axis] or v.max() >= ds[axis]):
-      raise ctx.error(f"indices in [{v.min()}, {v.max()}] are out of range for axis {axis} of "
-                      f"shape {list(ds)}")
-    idx = Const(np.where(v < 0, v + ds[axis], v), idx.name)
-  return [ctx.op(Op.GATHER, [data, idx], axis=axis)]
+  return [ctx.op(Op.GATHER, [data, _wrapped_indices(ctx, idx, ds, axis)], axis=axis)]
+
+
+def _wrapped_indices(ctx: Ctx, idx: Operand, ds: Sequence[int], axis: int) -> Operand:
+  """Constant indices checked against dim `axis` of data shape `ds`, negatives wrapped; indices
+  computed at run time are returned as they are."""
+  if not isinstance(idx, Const):
+    return idx
+  v = idx.value.astype(np.int64)
+  if v.size and (v.min() < -ds[axis] or v.max() >= ds[axis]):
+    raise ctx.error(f"indices in [{v.min()}, {v.max()}] are out of range for axis {axis} of "
+                    f"shape {list(ds)}")
+  return Const(np.where(v < 0, v + ds[axis], v), idx.name)
 
 
 @converter("GatherElements")
@@ -1515,13 +1521,7 @@ def _gather_elements(ctx: Ctx) -> list[Operand | None]:
   if len(its) != len(ds) or any(i > d for a, (i, d) in enumerate(zip(its, ds)) if a != axis):
     raise ctx.error(f"indices of shape {list(its)} do not fit data of shape {list(ds)} (same "
                     "rank, dims off the axis no larger)")
-  if isinstance(idx, Const):
-    v = idx.value.astype(np.int64)
-    if v.size and (v.min() < -ds[axis] or v.max() >= ds[axis]):
-      raise ctx.error(f"indices in [{v.min()}, {v.max()}] are out of range for axis {axis} of "
-                      f"shape {list(ds)}")
-    idx = Const(np.where(v < 0, v + ds[axis], v), idx.name)
-  return [ctx.op(Op.GATHER_ELEMENTS, [data, idx], axis=axis)]
+  return [ctx.op(Op.GATHER_ELEMENTS, [data, _wrapped_indices(ctx, idx, ds, axis)], axis=axis)]
 
 
 @converter("CumSum")

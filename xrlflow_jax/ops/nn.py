@@ -39,6 +39,21 @@ def _conv_out(xp, size, pad, kernel, stride, dilation):
   return (size + pad - dilation * (kernel - 1) - 1) // stride + 1
 
 
+def _conv_shared_checks(xp, in_shapes, in_ranks, n_inputs, groups, sh, sw, dh, dw, o):
+  """Checks Conv2D and ConvTranspose share: ranks, groups, strides/dilations, the bias."""
+  bias = in_shapes[2] if in_shapes.shape[0] > 2 else in_shapes[0]
+  bias_rank = in_ranks[2] if in_shapes.shape[0] > 2 else 1
+  has_bias = xp.asarray(n_inputs) >= 3
+  return [
+      (xp.asarray((in_ranks[0] == 4) & (in_ranks[1] == 4)), "input and weight must be rank 4"),
+      (xp.asarray(groups >= 1), "groups must be >= 1"),
+      (xp.asarray((sh >= 1) & (sw >= 1) & (dh >= 1) & (dw >= 1)),
+       "strides and dilations must be >= 1"),
+      (xp.asarray(~has_bias | ((bias_rank == 1) & (bias[R - 1] == o))),
+       "bias must be rank 1 with one value per output channel"),
+  ]
+
+
 def _conv_rule(xp, in_shapes, in_ranks, attrs, n_inputs):
   x, w = in_shapes[0], in_shapes[1]
   sh, sw, pt, pl, pb, pr, dh, dw, groups = (attrs[i] for i in range(9))
@@ -48,20 +63,11 @@ def _conv_rule(xp, in_shapes, in_ranks, attrs, n_inputs):
   wo = _conv_out(xp, wd, pl + pr, kw, sw, dw)
   out = xp.stack([xp.ones_like(n), xp.ones_like(n), n, o, ho, wo]).astype(xp.int32)
   g = xp.maximum(groups, 1)
-  bias = in_shapes[2] if in_shapes.shape[0] > 2 else in_shapes[0]
-  bias_rank = in_ranks[2] if in_shapes.shape[0] > 2 else 1
-  has_bias = xp.asarray(n_inputs) >= 3
-  checks = [
-      (xp.asarray((in_ranks[0] == 4) & (in_ranks[1] == 4)), "input and weight must be rank 4"),
-      (xp.asarray(groups >= 1), "groups must be >= 1"),
-      (xp.asarray((sh >= 1) & (sw >= 1) & (dh >= 1) & (dw >= 1)),
-       "strides and dilations must be >= 1"),
+  checks = _conv_shared_checks(xp, in_shapes, in_ranks, n_inputs, groups, sh, sw, dh, dw, o) + [
       (xp.asarray((pt >= 0) & (pl >= 0) & (pb >= 0) & (pr >= 0)), "pads must be >= 0"),
       (xp.asarray(c == cg * g), "input channels must equal weight in-channels x groups"),
       (xp.asarray(o % g == 0), "output channels must be divisible by groups"),
       (xp.asarray((ho >= 1) & (wo >= 1)), "kernel larger than the padded input"),
-      (xp.asarray(~has_bias | ((bias_rank == 1) & (bias[R - 1] == o))),
-       "bias must be rank 1 with one value per output channel"),
   ]
   return out, xp.asarray(4, xp.int32), checks
 
@@ -109,22 +115,13 @@ def _conv_transpose_rule(xp, in_shapes, in_ranks, attrs, n_inputs):
   ho = sh * (h - 1) + oph + dh * (kh - 1) + 1 - pt - pb
   wo = sw * (wd - 1) + opw + dw * (kw - 1) + 1 - pl - pr
   out = xp.stack([xp.ones_like(n), xp.ones_like(n), n, o, ho, wo]).astype(xp.int32)
-  bias = in_shapes[2] if in_shapes.shape[0] > 2 else in_shapes[0]
-  bias_rank = in_ranks[2] if in_shapes.shape[0] > 2 else 1
-  has_bias = xp.asarray(n_inputs) >= 3
-  checks = [
-      (xp.asarray((in_ranks[0] == 4) & (in_ranks[1] == 4)), "input and weight must be rank 4"),
-      (xp.asarray(groups >= 1), "groups must be >= 1"),
-      (xp.asarray((sh >= 1) & (sw >= 1) & (dh >= 1) & (dw >= 1)),
-       "strides and dilations must be >= 1"),
+  checks = _conv_shared_checks(xp, in_shapes, in_ranks, n_inputs, groups, sh, sw, dh, dw, o) + [
       (xp.asarray((oph >= 0) & (opw >= 0) & (oph < xp.maximum(sh, dh))
                   & (opw < xp.maximum(sw, dw))),
        "output_padding must be >= 0 and below the stride or dilation"),
       (xp.asarray((c == cw) & (c % g == 0)),
        "input channels must equal the weight's first dim and divide by groups"),
       (xp.asarray((ho >= 1) & (wo >= 1)), "pads larger than the output"),
-      (xp.asarray(~has_bias | ((bias_rank == 1) & (bias[R - 1] == o))),
-       "bias must be rank 1 with one value per output channel"),
   ]
   return out, xp.asarray(4, xp.int32), checks
 
