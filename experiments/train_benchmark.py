@@ -4,10 +4,17 @@ r"""PPO training throughput: environment steps per second, learning included, pe
     python -m experiments.train_benchmark --model=resnext50 --batches=16,64
     python -m experiments.train_benchmark --model=../shared/models/bert_base.onnx --updates=2
     python -m experiments.train_benchmark --heads=candidates --memory_locations=2,4,8
+    python -m experiments.train_benchmark --heads=local --batches=16 --profile \
+        --variants=before,after                      # per part, side by side (issue 14)
 
 For each head and batch size (environments per rollout) it compiles one PPO update (rollout of
 `num_steps` steps with `lax.scan`, GAE, `update_epochs` x `num_minibatches` Adam steps) ahead
-of time and times `updates` calls. steps/s = updates * batch * num_steps / seconds.
+of time and times `updates` calls. steps/s = batch * num_steps / (median seconds per update).
+--variants times several learners interleaved in one process (`xrlflow_jax.agents.benchmark`:
+"after" is the library's learner, "before" the one before issue 14's changes) and --profile
+adds, per variant, milliseconds per batched call of each part (environment step, node costs,
+agent inputs, encoder, local head, value, forward pass, gradient of the PPO loss over `batch`
+observations) and each part as a multiple of one environment step.
 The `candidates` head gets its own, smaller action space by default (--candidates_rules,
 --candidates_max_locations): it encodes all R * L candidate graphs of every observation.
 With --memory_locations it also reports XLA's memory estimate of the compiled update of the
@@ -16,14 +23,15 @@ With --memory_locations it also reports XLA's memory estimate of the compiled up
 
 from __future__ import annotations
 
+import datetime
+import os
 import platform
-import time
 
 import jax
-import numpy as np
 from absl import app, flags
 
 from xrlflow_jax import graph as G
+from xrlflow_jax.agents import benchmark as bench
 from xrlflow_jax.agents import runs
 
 from experiments.configs import ppo as ppo_configs
@@ -34,7 +42,8 @@ _CAPACITY = flags.DEFINE_integer("capacity", 256, "Node slots (0: the loader's d
 _HEADS = flags.DEFINE_list("heads", ["local", "candidates"], "Policy heads to time.")
 _BATCHES = flags.DEFINE_list("batches", ["16", "64"], "Environments per rollout.")
 _STEPS = flags.DEFINE_integer("num_steps", 8, "Rollout steps per update.")
-_UPDATES = flags.DEFINE_integer("updates", 2, "Timed updates (after an ahead-of-time compile).")
+_UPDATES = flags.DEFINE_integer("updates", 3, "Timed updates per variant (after an ahead-of-time "
+                                "compile and one warm-up; interleaved across variants).")
 _LOCATIONS = flags.DEFINE_integer("max_locations", 8, "L: locations kept per rule (local head).")
 _RULES = flags.DEFINE_list("rules", list(ppo_configs.DEFAULT_RULES),
                            "Rule names or 'all' (local head).")
@@ -50,6 +59,12 @@ _LAYERS = flags.DEFINE_integer("layers", 5, "GNN layers.")
 _MEMORY = flags.DEFINE_list("memory_locations", [], "L values for the candidates-head memory "
                             "table (compile only).")
 _COEFFS = flags.DEFINE_string("cost_coefficients", "", "Cost-model JSON ('' = shipped fit).")
+_VARIANTS = flags.DEFINE_list("variants", ["after"], "Learners to time side by side: after (the "
+                              "library's), before (before issue 14's changes).")
+_PROFILE = flags.DEFINE_bool("profile", False, "Also time each part of the learner per variant.")
+_REPEATS = flags.DEFINE_integer("repeats", 7, "Interleaved rounds of the --profile timings.")
+_EPOCHS = flags.DEFINE_integer("update_epochs", 4, "PPO epochs per update.")
+_MINIBATCHES = flags.DEFINE_integer("num_minibatches", 4, "PPO minibatches per epoch.")
 
 
 def _config(head: str, batch: int, locations: int | None = None):
@@ -68,38 +83,33 @@ def _config(head: str, batch: int, locations: int | None = None):
   c.agent.remat = head == "candidates"
   c.ppo.num_envs = batch
   c.ppo.num_steps = _STEPS.value
-  c.ppo.num_minibatches = 4
+  c.ppo.update_epochs = _EPOCHS.value
+  c.ppo.num_minibatches = _MINIBATCHES.value
   c.ppo.total_timesteps = batch * _STEPS.value * 1000
   return c
 
 
-def _time_head(head: str, batch: int) -> dict:
+def _time_head(head: str, batch: int) -> list[dict]:
   run = runs.build(_config(head, batch))
-  tr = run.trainer
-  t0 = time.perf_counter()
-  state = jax.block_until_ready(tr.init(jax.random.PRNGKey(0)))
-  t1 = time.perf_counter()
-  update = jax.jit(tr._update).lower(state).compile()  # pylint: disable=protected-access
-  t2 = time.perf_counter()
-  metrics = None
-  t3 = time.perf_counter()
-  for _ in range(_UPDATES.value):
-    state, metrics = update(state)
-  jax.block_until_ready(metrics)
-  seconds = time.perf_counter() - t3
-  steps = _UPDATES.value * batch * _STEPS.value
-  return {"head": head, "batch": batch, "init_s": t1 - t0, "compile_s": t2 - t1,
-          "s_per_update": seconds / _UPDATES.value,
-          "steps_per_s": steps / seconds, "candidates": run.ruleset.num_actions,
-          "nodes": G.num_nodes(run.graphs[0]), "capacity": G.capacity(run.graphs[0]),
-          "loss_finite": bool(np.isfinite(float(metrics["loss"])))}
+  variants = [bench.variant(v, run.trainer) for v in _VARIANTS.value]
+  rows = []
+  for t in bench.time_updates(variants, repeats=_UPDATES.value):
+    rows.append({"head": head, "variant": t.variant, "batch": batch, "compile_s": t.compile_s,
+                 "s_per_update": t.s_per_update, "steps_per_s": t.steps_per_s,
+                 "candidates": run.ruleset.num_actions, "nodes": G.num_nodes(run.graphs[0]),
+                 "capacity": G.capacity(run.graphs[0]), "loss_finite": t.loss_finite})
+  if _PROFILE.value:
+    prof = bench.profile(variants, repeats=_REPEATS.value)
+    print(f"\n{head} head, batch {batch}: ms per batched call (median of {_REPEATS.value} "
+          f"interleaved rounds)\n{bench.profile_markdown(prof)}\n", flush=True)
+  return rows
 
 
 def _memory(locations: int, batch: int) -> dict:
   run = runs.build(_config("candidates", batch, locations))
   tr = run.trainer
   state = jax.eval_shape(tr._init, jax.random.PRNGKey(0))  # pylint: disable=protected-access
-  compiled = jax.jit(tr._update).lower(state).compile()  # pylint: disable=protected-access
+  compiled = tr.update.lower(state).compile()
   mem = compiled.memory_analysis()
   temp = getattr(mem, "temp_size_in_bytes", float("nan"))
   args = getattr(mem, "argument_size_in_bytes", float("nan"))
@@ -111,24 +121,24 @@ def main(argv: list[str]) -> None:
   del argv
   dev = jax.devices()[0]
   print(f"{_MODEL.value} ({_SIZE.value}); GNN {_LAYERS.value} x {_HIDDEN.value}; "
-        f"{_STEPS.value} steps/update, 4 "
-        f"epochs x 4 minibatches; {dev.platform} ({dev.device_kind}) x {len(jax.devices())}, "
-        f"{platform.machine()}", flush=True)
+        f"{_STEPS.value} steps/update, {_EPOCHS.value} epochs x {_MINIBATCHES.value} "
+        f"minibatches; {dev.platform} ({dev.device_kind}) x {len(jax.devices())}, "
+        f"{platform.machine()}, {os.cpu_count()} CPUs; {datetime.date.today()}", flush=True)
   rows = []
   for head in _HEADS.value:
     for batch in (int(b) for b in _BATCHES.value):
-      r = _time_head(head, batch)
-      rows.append(r)
-      print(f"{head:>10} ({r['candidates']} candidates) batch {batch:>3}: "
-            f"{r['steps_per_s']:8.1f} env steps/s "
-            f"({r['s_per_update']:.2f} s/update; compile {r['compile_s']:.0f}s)", flush=True)
+      for r in _time_head(head, batch):
+        rows.append(r)
+        print(f"{head:>10} ({r['candidates']} candidates) batch {batch:>3} [{r['variant']}]: "
+              f"{r['steps_per_s']:8.1f} env steps/s "
+              f"({r['s_per_update']:.2f} s/update; compile {r['compile_s']:.0f}s)", flush=True)
   if rows:
     print(f"\ngraph: {rows[0]['nodes']} nodes, capacity {rows[0]['capacity']}\n")
-    print("| head | R*L candidates | batch | env steps/s | s/update | compile s |")
-    print("|---|---|---|---|---|---|")
+    print("| head | variant | R*L candidates | batch | env steps/s | s/update | compile s |")
+    print("|---|---|---|---|---|---|---|")
     for r in rows:
-      print(f"| {r['head']} | {r['candidates']} | {r['batch']} | {r['steps_per_s']:.1f} | "
-            f"{r['s_per_update']:.2f} | {r['compile_s']:.0f} |")
+      print(f"| {r['head']} | {r['variant']} | {r['candidates']} | {r['batch']} | "
+            f"{r['steps_per_s']:.1f} | {r['s_per_update']:.2f} | {r['compile_s']:.0f} |")
   if _MEMORY.value:
     batch = int(_BATCHES.value[0])
     print(f"\ncandidates head, batch {batch}: XLA memory of one compiled update")

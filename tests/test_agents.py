@@ -220,8 +220,8 @@ def test_encoder_ignores_free_slots_and_padding_edges():
   from xrlflow_jax.agents import GraphEncoder, encoder_inputs  # pylint: disable=g-import-not-at-top
   enc = GraphEncoder(hidden=16, layers=2, heads=2)
 
-  def inputs(graph):
-    costs = _node_costs(graph)
+  def inputs(graph):  # costs that follow the nodes (cheaper to compile than the cost model)
+    costs = jnp.where(graph.nodes["alive"], 0.1 * (graph.nodes["op"] + 1.0), 0.0)
     return encoder_inputs(graph, costs, jnp.sum(costs))
 
   g32, _ = toy_graph(32)
@@ -245,6 +245,52 @@ def test_encoder_ignores_free_slots_and_padding_edges():
                              np.asarray(h48)[:int(alive.sum())], rtol=1e-4, atol=1e-5)
 
 
+def _shared_input_graph(capacity: int = 32):
+  """x feeds three consumers (two MatMuls and x * x: one node on two input slots of another);
+  a three-input Concat; free slots after the nodes."""
+  b = GraphBuilder()
+  x = b.input([8, 16])
+  w1, w2 = b.weight([16, 16]), b.weight([16, 16])
+  y = b.concat([b.matmul(x, w1), b.matmul(x, w2), b.mul(x, x)], axis=1)
+  b.output(b.add(y, b.input([8, 48])))
+  return b.build(capacity=capacity)[0]
+
+
+def test_gat_layer_equals_the_per_edge_formulation():
+  """The GAT layer (sender terms summed per node and gathered once per tensor, receiver and
+  slot terms broadcast, the backward direction's per-producer constant terms folded) is the
+  per-edge formulation's function: same parameters, same outputs."""
+  from xrlflow_jax.agents import encoder_inputs  # pylint: disable=g-import-not-at-top
+  from xrlflow_jax.agents import benchmark, networks  # pylint: disable=g-import-not-at-top
+  graph = _shared_input_graph()
+  n, k, hid = G.capacity(graph), G.max_inputs(graph), 16
+  costs = jnp.where(graph.nodes["alive"], jnp.linspace(0.1, 1.0, n), 0.0)
+  x = jax.jit(encoder_inputs)(graph, costs, jnp.sum(costs))
+  keys = jax.random.split(jax.random.PRNGKey(0), 4)
+  alive = np.asarray(graph.nodes["alive"])
+  h = jnp.where(alive[:, None], jax.random.normal(keys[0], (n, hid)), 0.0)
+  g = jax.random.normal(keys[1], (hid,))
+  t = jnp.where(alive[:, None], jax.random.normal(keys[2], (n, hid)), 0.0)
+  slot = jax.random.normal(keys[3], (k, hid))
+
+  @jax.jit
+  def both(h, g, t, slot, x):  # one compile for both (XLA:CPU compiles take seconds)
+    out = []
+    for layer in (networks.GATLayer, benchmark.PerEdgeGATLayer):
+      params = layer(hid, 2).init(jax.random.PRNGKey(1), h, g, t, slot, x)
+      # Perturbed: attention far from uniform, nonzero biases.
+      params = jax.tree_util.tree_map(
+          lambda p: p + 0.5 * jax.random.normal(jax.random.PRNGKey(p.size), p.shape), params)
+      out.append((params, layer(hid, 2).apply(params, h, g, t, slot, x)))
+    return out
+
+  (params, (h1, g1)), (ref_params, (h_ref, g_ref)) = both(h, g, t, slot, x)
+  chex.assert_trees_all_equal(params, ref_params)  # same names, shapes and initial values
+  assert np.abs(np.asarray(h1)[alive]).max() > 0.1
+  np.testing.assert_allclose(np.asarray(h1), np.asarray(h_ref), rtol=1e-5, atol=2e-5)
+  np.testing.assert_allclose(np.asarray(g1), np.asarray(g_ref), rtol=1e-5, atol=2e-5)
+
+
 @pytest.mark.slow  # compiles the rules' matcher; see README for -m slow
 def test_local_head_does_not_depend_on_padding(ruleset):
   agent = Agent(ruleset, _node_costs, AgentConfig(hidden=16, layers=2, heads=2))
@@ -260,6 +306,13 @@ def test_local_head_does_not_depend_on_padding(ruleset):
   np.testing.assert_allclose(np.asarray(l32), np.asarray(l48), rtol=1e-4, atol=1e-5)
   np.testing.assert_allclose(float(v32), float(v48), rtol=1e-4, atol=1e-5)
   np.testing.assert_allclose(float(value32), float(v32), rtol=1e-5, atol=1e-6)
+  # The observation's node costs (computed once by the environment) are what the agent would
+  # otherwise compute itself.
+  assert obs[0].node_costs is not None
+  l_own, v_own, value_own = apply(params, obs[0].replace(node_costs=None))
+  np.testing.assert_allclose(np.asarray(l_own), np.asarray(l32), rtol=1e-6, atol=1e-6)
+  np.testing.assert_allclose(float(v_own), float(v32), rtol=1e-6, atol=1e-6)
+  np.testing.assert_allclose(float(value_own), float(value32), rtol=1e-6, atol=1e-6)
 
 
 @pytest.mark.slow  # compiles the rules' matcher and edit kernel; see README for -m slow

@@ -62,11 +62,16 @@ def _valid_action(mask: np.ndarray, rng, stop_prob=0.0) -> int:
 
 def test_specs_match_observation(env, jitted):
   reset, _ = jitted
-  _, ts = reset(jax.random.PRNGKey(0))
+  state, ts = reset(jax.random.PRNGKey(0))
   spec = env.observation_spec()
   assert ts.observation.action_mask.shape == spec.action_mask.shape
   assert ts.observation.candidate_nodes.shape == spec.candidate_nodes.shape
   assert ts.observation.candidate_removed_cost.shape == spec.candidate_removed_cost.shape
+  # Node costs are computed once per step by the environment and carried in the observation.
+  assert ts.observation.node_costs.shape == spec.node_costs.shape == (CAPACITY,)
+  # (graph_cost = call_ms + the sum of node costs; no second compile of the cost model)
+  np.testing.assert_allclose(float(jnp.sum(ts.observation.node_costs) + COEFFS.call_ms),
+                             float(state.cost), rtol=1e-5)
   assert env.action_spec().num_values == env.num_actions == env.ruleset.num_actions + 1
   assert bool(ts.observation.action_mask[-1])  # stop is always allowed
   assert int(ts.step_type) == StepType.FIRST

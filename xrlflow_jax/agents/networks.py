@@ -66,6 +66,7 @@ class EncoderInputs:
       sender's tensor plus an embedding of its input slot (edge slot e is slot e % K).
     senders: int32[E] producer slot (N for padding); receivers: int32[E] consumer slot.
     edge_valid: bool[E] the edge exists between two alive nodes; alive: bool[N].
+    has_consumer: bool[N] the node is the sender of a valid edge.
   """
   op: jax.Array
   dtype: jax.Array
@@ -75,6 +76,7 @@ class EncoderInputs:
   receivers: jax.Array
   edge_valid: jax.Array
   alive: jax.Array
+  has_consumer: jax.Array
 
 
 def _signed_log(x: jax.Array) -> jax.Array:
@@ -125,10 +127,12 @@ def encoder_inputs(graph: layout.Graph, node_cost: jax.Array, scale: jax.Array) 
       jax.nn.one_hot(nd["dtype"], len(ops.DType)),
   ], axis=-1)
   tensor_feats = jnp.where(alive[:, None], tensor_feats, 0.0)
+  senders = jnp.where(edge_valid, senders, n)
+  has_consumer = jnp.zeros([n + 1], bool).at[senders].set(True)[:n]
   return EncoderInputs(op=jnp.where(alive, nd["op"], 0), dtype=jnp.where(alive, nd["dtype"], 0),
-                       node_feats=feats, tensor_feats=tensor_feats,
-                       senders=jnp.where(edge_valid, senders, n), receivers=graph.receivers,
-                       edge_valid=edge_valid, alive=alive)
+                       node_feats=feats, tensor_feats=tensor_feats, senders=senders,
+                       receivers=graph.receivers, edge_valid=edge_valid, alive=alive,
+                       has_consumer=has_consumer)
 
 
 @chex.dataclass(frozen=True)
@@ -228,13 +232,31 @@ class MLP(nn.Module):
     return x
 
 
+def _head_sum(x: jax.Array, heads: int) -> jax.Array:
+  """float32[..., heads]: sums of the `heads` contiguous blocks of x float32[..., H]."""
+  return jnp.sum(x.reshape(x.shape[:-1] + (heads, x.shape[-1] // heads)), -1)
+
+
+def _head_repeat(w: jax.Array, hid: int) -> jax.Array:
+  """float32[..., H]: each of w's float32[..., heads] entries repeated over its head's block."""
+  return jnp.repeat(w, hid // w.shape[-1], axis=-1)
+
+
 class GATLayer(nn.Module):
   """One round of two-way multi-head edge attention with a global update.
 
   Keys and values of an edge are linear in [neighbour embedding, edge embedding], and an edge's
-  embedding is its sender's tensor embedding plus its slot embedding, so every projection is
-  computed once per node (or slot) and gathered onto the edges: the E = N * K edge slots, most of
-  them padding, only see gathers and elementwise work.
+  embedding is its sender's tensor embedding plus its slot embedding. Edge n * K + k ends at
+  node n, so everything that depends on the receiver or the slot is a broadcast over the
+  reshaped [N, K] edge axis; what depends on the sender is summed per node first and fetched
+  with three gathers per layer (forward keys, forward values, backward queries: [N * K, H]
+  each).
+
+  In the backward direction (a producer over its consumers), the sender's tensor term of a key
+  is the same for every edge of the producer's softmax, so it cancels and is not computed; the
+  tensor term of the values has weights summing to one, so it is added once per producer that
+  has a consumer. Both are exact rewrites of attention over per-edge keys and values
+  (`tests/test_agents.py` keeps that formulation as a reference).
 
   Attributes:
     hidden: H (divisible by `heads`); heads: attention heads.
@@ -249,34 +271,38 @@ class GATLayer(nn.Module):
     slot: float32[K, H] input-slot embeddings -> (h', g')."""
     n, hid = h.shape
     k = slot.shape[0]
-    d = hid // self.heads
-    edge_slot = jnp.arange(x.senders.shape[0]) % k
+    heads, d = self.heads, hid // self.heads
+    scale = 1.0 / math.sqrt(d)
 
-    def pad(a):  # row N is zero: what padding edges (sender N) gather
-      return jnp.concatenate([a, jnp.zeros([1, a.shape[-1]], a.dtype)])
+    def proj(name, a, bias=True):
+      return nn.Dense(hid, use_bias=bias, name=name)(a)
 
-    def project(name, kv_at):
-      """Per-edge queries (at the query end) and keys/values (from the other end and the edge)."""
-      def proj(part, bias=True):
-        return nn.Dense(hid, use_bias=bias, name=f"{name}_{part}")
-
-      edge_k, edge_v = proj("ek", False), proj("ev", False)
-      key = pad(proj("k")(h))[kv_at] + pad(edge_k(t))[x.senders] + edge_k(slot)[edge_slot]
-      val = pad(proj("v")(h))[kv_at] + pad(edge_v(t))[x.senders] + edge_v(slot)[edge_slot]
-      return proj("q")(h), key.reshape(-1, self.heads, d), val.reshape(-1, self.heads, d)
-
-    # Forward: each consumer attends over its K input slots. Receivers are fixed (edge n*K + k
-    # ends at node n), so this is a softmax over a reshaped [N, K] axis: no scatter.
-    q, key, val = project("fwd", x.senders)
-    logits = jnp.sum(q.reshape(n, 1, self.heads, d) * key.reshape(n, k, self.heads, d), -1)
+    q_f, q_b = proj("fwd_q", h), proj("bwd_q", h)
+    k_b, v_b = proj("bwd_k", h), proj("bwd_v", h)  # at the receiver: a broadcast over K
+    # What each edge needs of its sender, summed per node and gathered (row N, zeros, for
+    # padding edges): [N, K, H] each. Three gathers, not one of a concatenation: the backward
+    # pass then scatter-adds each cotangent as it is.
+    fek, fev = nn.Dense(hid, False, name="fwd_ek"), nn.Dense(hid, False, name="fwd_ev")
+    bek, bev = nn.Dense(hid, False, name="bwd_ek"), nn.Dense(hid, False, name="bwd_ev")
+    key_f, val_f, q_e = (jnp.concatenate([a, jnp.zeros([1, hid], a.dtype)])[x.senders]
+                         .reshape(n, k, hid)
+                         for a in (proj("fwd_k", h) + fek(t), proj("fwd_v", h) + fev(t), q_b))
     valid = x.edge_valid.reshape(n, k, 1)
-    logits = jnp.where(valid, logits / math.sqrt(d), -1e9)
+
+    # Forward: each consumer attends over its K input slots (a softmax over the K axis).
+    key = key_f + fek(slot)
+    val = val_f + fev(slot)
+    logits = jnp.where(valid, _head_sum(q_f[:, None, :] * key, heads) * scale, -1e9)
     w = jnp.where(valid, jax.nn.softmax(logits, axis=1), 0.0)  # [N, K, heads]
-    fwd = jnp.sum(w[..., None] * val.reshape(n, k, self.heads, d), 1).reshape(n, hid)
+    fwd = jnp.sum(_head_repeat(w, hid) * val, 1)
     # Backward: each producer attends over its consumers (any number): segment softmax.
-    q, key, val = project("bwd", x.receivers)
-    logits = jnp.sum(pad(q)[x.senders].reshape(-1, self.heads, d) * key, -1) / math.sqrt(d)
-    bwd = segment_softmax_sum(logits, val, x.edge_valid, x.senders, n).reshape(n, hid)
+    key = k_b[:, None, :] + bek(slot)  # [N, K, H]: receiver and slot terms
+    logits = _head_sum(q_e * key, heads) * scale
+    val = v_b[:, None, :] + bev(slot)
+    bwd = segment_softmax_sum(logits.reshape(n * k, heads), val.reshape(n * k, heads, d),
+                              x.edge_valid, x.senders, n).reshape(n, hid)
+    bwd = bwd + jnp.where(x.has_consumer[:, None], bev(t), 0.0)
+
     g_new = g + MLP((hid, hid), name="global")(jnp.concatenate([g, _masked_mean(h, x.alive)]))
     g_new = nn.LayerNorm(name="global_norm")(g_new)
     upd = MLP((2 * hid, hid), name="update")(
@@ -351,10 +377,27 @@ class ActorCritic(nn.Module):
     else:
       raise AgentError(f"unknown policy head {self.head!r}; use one of {HEADS}")
 
+  def encode(self, current: EncoderInputs) -> tuple[jax.Array, jax.Array]:
+    """(node embeddings float32[N, H], graph embedding float32[H]) of one graph."""
+    h, emb = self.encoder(jax.tree_util.tree_map(lambda a: a[None], current))
+    return h[0], emb[0]
+
   def value(self, current: EncoderInputs) -> jax.Array:
     """float32[]: the value of the current graph alone (no policy head)."""
-    _, emb = self.encoder(jax.tree_util.tree_map(lambda a: a[None], current))
-    return self.value_head(emb[0])[0]
+    return self.value_head(self.encode(current)[1])[0]
+
+  def local_scores(self, h: jax.Array, emb: jax.Array, cand_nodes: jax.Array,
+                   cost_feats: jax.Array) -> jax.Array:
+    """The `local` head: float32[R, L] scores from node embeddings h float32[N, H], the graph
+    embedding float32[H], matched nodes int32[R, L, P] and cost features float32[R, L, C]."""
+    r, l = self.num_rules, self.max_locations
+    rules = self.rule_embed(jnp.arange(r))[:, None, :]  # [R, 1, H], broadcast over L
+    n = h.shape[0]
+    h_pad = jnp.concatenate([h, jnp.zeros([1, self.hidden], h.dtype)])
+    slots = h_pad[jnp.where(cand_nodes >= 0, cand_nodes, n)]  # [R, L, P, H]
+    z = (self.slot_in(slots) + rules + self.cost_in(cost_feats)
+         + self.context_in(emb)[None, None, :])
+    return self.scorer(nn.relu(z))[..., 0].reshape(r, l)
 
   def __call__(self, current: EncoderInputs, cand_nodes: jax.Array, cost_feats: jax.Array,
                candidates: EncoderInputs | None = None) -> tuple[jax.Array, jax.Array]:
@@ -368,17 +411,11 @@ class ActorCritic(nn.Module):
         actions and whether each was built (`CandidateInputs`).
     """
     r, l = self.num_rules, self.max_locations
-    rules = jnp.broadcast_to(self.rule_embed(jnp.arange(r))[:, None, :], (r, l, self.hidden))
     if self.head == "local":
-      h, emb = self.encoder(jax.tree_util.tree_map(lambda a: a[None], current))
-      h, emb = h[0], emb[0]
-      n = h.shape[0]
-      h_pad = jnp.concatenate([h, jnp.zeros([1, self.hidden], h.dtype)])
-      slots = h_pad[jnp.where(cand_nodes >= 0, cand_nodes, n)]  # [R, L, P, H]
-      z = (self.slot_in(slots) + rules + self.cost_in(cost_feats)
-           + self.context_in(emb)[None, None, :])
-      scores = self.scorer(nn.relu(z))[..., 0]
+      h, emb = self.encode(current)
+      scores = self.local_scores(h, emb, cand_nodes, cost_feats)
     else:
+      rules = jnp.broadcast_to(self.rule_embed(jnp.arange(r))[:, None, :], (r, l, self.hidden))
       if candidates is None:
         raise AgentError("the candidates head needs the candidate graphs' encoder inputs")
       both = jax.tree_util.tree_map(lambda a, b: jnp.concatenate([a[None], b], 0), current,
@@ -441,8 +478,9 @@ class Agent:
 
   Args:
     ruleset: the environment's RuleSet (R rules, L locations).
-    node_cost_fn: graph -> float32[N] modelled per-node costs (node features, cost scale, and
-      the exact cost change of candidates in the `candidates` head).
+    node_cost_fn: graph -> float32[N] modelled per-node costs (node features and cost scale
+      when an observation does not carry `node_costs`, and the exact cost change of candidates
+      in the `candidates` head).
     config: AgentConfig.
   """
 
@@ -455,9 +493,15 @@ class Agent:
     self.network = ActorCritic(config.head, len(ruleset), ruleset.max_locations, config.hidden,
                                config.layers, config.heads, config.remat)
 
+  def _node_costs(self, obs: Any) -> jax.Array:
+    """float32[N]: the observation's node costs (computed once per step by the environment),
+    or, for observations without them, `node_cost_fn` of the graph."""
+    costs = getattr(obs, "node_costs", None)
+    return self.node_cost_fn(obs.graph) if costs is None else costs
+
   def _inputs(self, obs: Any) -> tuple[Any, ...]:
     graph = obs.graph
-    costs = self.node_cost_fn(graph)
+    costs = self._node_costs(obs)
     scale = jnp.sum(costs) + 1e-9
     current = encoder_inputs(graph, costs, scale)
     r, l = len(self.ruleset), self.ruleset.max_locations
@@ -496,7 +540,6 @@ class Agent:
 
   def value(self, params: Any, obs: Any) -> jax.Array:
     """float32[]: the value alone (cheaper: no policy head, no candidate graphs)."""
-    graph = obs.graph
-    costs = self.node_cost_fn(graph)
-    current = encoder_inputs(graph, costs, jnp.sum(costs) + 1e-9)
+    costs = self._node_costs(obs)
+    current = encoder_inputs(obs.graph, costs, jnp.sum(costs) + 1e-9)
     return self.network.apply(params, current, method=ActorCritic.value)

@@ -27,6 +27,7 @@ multi-host saving, which `checkpoint.py` uses when orbax is present).
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Sequence
 
 import chex
@@ -45,6 +46,33 @@ METRICS = (
     "env_steps", "episodes", "episode_return", "episode_length", "episode_best_ratio",
     "best_cost_ratio", "reward", "stop_frac", "invalid_frac", "value", "loss", "policy_loss",
     "value_loss", "entropy", "approx_kl", "clip_frac", "grad_norm", "learning_rate")
+
+
+# XLA:CPU hands reductions, and the elementwise work fused into them, to its YNNPACK library
+# fusions by default. For the GNN's many small per-edge reductions (sums over a head's 16
+# channels or a node's K = 5 input slots, [B, N, K, H] tensors) those run several times slower
+# than XLA's own loop fusions: on the 2-core CPU (2026-12-01), tiny BERT at 256 slots, batch 16,
+# the agent's forward pass took 2.0x and its gradient 1.5-1.7x the time they take without
+# library fusions (compiled both ways, timed interleaved in one process). The learner's
+# programs are therefore compiled without them; everything else in the process (graph
+# executables, the cost model's profiles) keeps XLA's defaults.
+CPU_COMPILER_OPTIONS = {"xla_cpu_experimental_ynn_fusion_type": ""}
+_OPTIONS_OK: dict[str, bool] = {}
+
+
+def compiler_options(devices: Sequence[jax.Device] | None = None) -> dict[str, str] | None:
+  """XLA options for the learner's jitted programs on `devices` (default: jax.devices()):
+  `CPU_COMPILER_OPTIONS` on CPUs whose XLA accepts them, else None (XLA's defaults)."""
+  devices = list(devices) if devices is not None else jax.devices()
+  if not devices or devices[0].platform != "cpu":
+    return None
+  if "cpu" not in _OPTIONS_OK:
+    try:  # an XLA that no longer knows the flag refuses it at compile time
+      jax.jit(lambda x: x + 1, compiler_options=CPU_COMPILER_OPTIONS).lower(1.0).compile()
+      _OPTIONS_OK["cpu"] = True
+    except Exception:  # pylint: disable=broad-except
+      _OPTIONS_OK["cpu"] = False
+  return dict(CPU_COMPILER_OPTIONS) if _OPTIONS_OK["cpu"] else None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -159,10 +187,12 @@ class Trainer:
     env: the unwrapped GraphRewriteEnv (wrapped here with auto-reset, logging and vmap).
     agent: the Agent (network bound to the env's RuleSet).
     devices: devices of the data-parallel mesh (default: all of `jax.devices()`).
+    xla_options: XLA compiler options of the jitted programs: "auto" (`compiler_options`),
+      None (XLA's defaults) or a dict.
   """
 
   def __init__(self, config: PPOConfig, env: GraphRewriteEnv, agent: Agent,
-               devices: Sequence[jax.Device] | None = None):
+               devices: Sequence[jax.Device] | None = None, xla_options: Any = "auto"):
     devices = list(devices) if devices is not None else jax.devices()
     config.validate(len(devices))
     if agent.num_actions != env.num_actions:
@@ -182,13 +212,16 @@ class Trainer:
       self.schedule = optax.constant_schedule(config.learning_rate)
     self.optimizer = optax.chain(optax.clip_by_global_norm(config.max_grad_norm),
                                  optax.adam(self.schedule, eps=1e-5))
-    self.init = jax.jit(self._init)
-    self.update = jax.jit(self._update)
-    self.run = jax.jit(self._run, static_argnums=1)
-    self.train = jax.jit(self._train)
-    self.init_seeds = jax.jit(jax.vmap(self._init))
-    self.run_seeds = jax.jit(jax.vmap(self._run, in_axes=(0, None)), static_argnums=1)
-    self.train_seeds = jax.jit(jax.vmap(self._train))
+    self.compiler_options = compiler_options(devices) if xla_options == "auto" else xla_options
+    jit = functools.partial(jax.jit, compiler_options=self.compiler_options)
+    self.jit = jit
+    self.init = jit(self._init)
+    self.update = jit(self._update)
+    self.run = jit(self._run, static_argnums=1)
+    self.train = jit(self._train)
+    self.init_seeds = jit(jax.vmap(self._init))
+    self.run_seeds = jit(jax.vmap(self._run, in_axes=(0, None)), static_argnums=1)
+    self.train_seeds = jit(jax.vmap(self._train))
     self._greedy: dict[int, Any] = {}
 
   def __call__(self, key: jax.Array) -> tuple[RunnerState, dict[str, jax.Array]]:
@@ -388,7 +421,7 @@ class Trainer:
     """
     steps = steps or self.env.horizon
     if steps not in self._greedy:
-      self._greedy[steps] = jax.jit(self._greedy_fn(steps))
+      self._greedy[steps] = self.jit(self._greedy_fn(steps))
     return self._greedy[steps](params, key)
 
   def _greedy_fn(self, steps: int):

@@ -96,14 +96,17 @@ class GraphRewriteEnv:
         ArraySpec((self.num_actions,), jnp.bool_, "action_mask"),
         ArraySpec((r, l, p), jnp.int32, "candidate_nodes"),
         ArraySpec((r, l), jnp.float32, "candidate_removed_cost"),
-        ArraySpec((r, l), jnp.float32, "candidate_delta"))
+        ArraySpec((r, l), jnp.float32, "candidate_delta"),
+        ArraySpec((self.num_slots,), jnp.float32, "node_costs")
+        if self.node_cost_fn is not None else None)
 
   # ------------------------------------------------------------------ dynamics
   def _observe(self, graph, match, cost, step_count) -> Observation:
     mask = jnp.concatenate([match.mask.reshape(-1), jnp.ones([1], bool)])
     r, l = match.mask.shape
+    costs = None
     if self.node_cost_fn is not None:
-      costs = self.node_cost_fn(graph)
+      costs = jnp.asarray(self.node_cost_fn(graph), jnp.float32)
       removed = self._removed_cost(costs, match)
     else:
       removed = jnp.zeros([r, l], jnp.float32)
@@ -111,7 +114,7 @@ class GraphRewriteEnv:
         jnp.zeros([r, l], jnp.float32)
     return Observation(graph=graph, action_mask=mask, candidate_nodes=match.nodes,
                        candidate_removed_cost=removed, candidate_delta=delta,
-                       step_count=step_count)
+                       step_count=step_count, node_costs=costs)
 
   def _removed_cost(self, costs: jax.Array, match) -> jax.Array:
     """Sum of current node costs of the source ops each candidate removes: float32[R, L]."""

@@ -35,6 +35,10 @@ class Observation:
       current cost); only computed when the environment is built with exact_candidate_delta,
       zeros otherwise.
     step_count: int32[]: rewrites applied so far in this episode.
+    node_costs: float32[N]: modelled cost of every node of `graph` (0 for free slots), computed
+      once per step by the environment (built with node_cost_fn) so that learners do not
+      recompute it in every forward and gradient pass; None when the environment has no
+      node_cost_fn.
   """
   graph: Any
   action_mask: jax.Array
@@ -42,6 +46,7 @@ class Observation:
   candidate_removed_cost: jax.Array
   candidate_delta: jax.Array
   step_count: jax.Array
+  node_costs: Any = None
 
 
 @chex.dataclass(frozen=True)
@@ -115,3 +120,4 @@ class ObservationSpec:
   candidate_nodes: ArraySpec
   candidate_removed_cost: ArraySpec
   candidate_delta: ArraySpec
+  node_costs: ArraySpec | None = None
