@@ -126,6 +126,7 @@ def test_bucketed_expansion_equals_each_candidate_alone_on_a_zoo_model(monkeypat
   from xrlflow_jax.cost import incremental  # pylint: disable=g-import-not-at-top
   monkeypatch.setattr(search.expand, "MIN_BUCKET", 8)
   monkeypatch.setattr(incremental, "MAX_CHANGED", 1)
+  monkeypatch.setattr(incremental, "MIN_CAPACITY", 0)  # this graph is smaller
   graph, _ = models.build("squeezenet1_1", "tiny", capacity=128)
   names = ("relu_after_concat", "conv_bias_relu_unfuse", "enlarge_conv_kernel_bias_sib_bias",
            "merge_conv_shared_input_bias")

@@ -274,11 +274,11 @@ def node_features(graph: layout.Graph, epilogue_fusion: bool = False, *,
 
   # Producers seen through bitcast chains.
   first_input = safe[:, 0]
-  def resolve(ids):
-    for _ in range(_BITCAST_DEPTH):
-      ids = jnp.where(is_bitcast[ids], first_input[ids], ids)
-    return ids
-  src = resolve(safe)  # [N, K]
+  # The producer every slot resolves to, once per slot; then one gather for all input slots.
+  self_ids = jnp.arange(n, dtype=jnp.int32)
+  for _ in range(_BITCAST_DEPTH):
+    self_ids = jnp.where(is_bitcast[self_ids], first_input[self_ids], self_ids)
+  src = self_ids[safe]  # [N, K]
 
   act = jnp.where(is_mm, attrs[:, _MATMUL_ACT], jnp.where(is_conv, attrs[:, _CONV_ACT], 0))
   act = jnp.clip(act, 0, len(Activation) - 1)
@@ -296,7 +296,6 @@ def node_features(graph: layout.Graph, epilogue_fusion: bool = False, *,
   need = jax.ops.segment_max(force.reshape(-1).astype(jnp.int32),
                              jnp.where(force, src, n).reshape(-1), num_segments=n + 1)[:n] > 0
   out_node = nd["alive"] & nd["is_output"]
-  self_ids = resolve(jnp.arange(n, dtype=jnp.int32))
   need_out = jax.ops.segment_max(out_node.astype(jnp.int32), jnp.where(out_node, self_ids, n),
                                  num_segments=n + 1)[:n] > 0
   materialise = need | need_out

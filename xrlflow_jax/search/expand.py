@@ -125,10 +125,12 @@ class Expander:
   `bucket_size(count)` slots, to one jitted call that builds each candidate's edit (the
   rule-specific plan chosen by `lax.switch`: under `vmap` every rule's small plan runs), completes
   it with the shared shape rules, applies it with the shared edit kernel, and costs the result.
-  The expensive parts never run on an empty (rule, location) slot. Each candidate is costed
-  incrementally from the parent (`cost.incremental`: FLOPs and distinct constants only where
-  the rewrite changed slots; a candidate that changed more slots than it covers is costed
-  again alone with the full model, so every cost equals `graph_cost` of the child).
+  The expensive parts never run on an empty (rule, location) slot. From capacity
+  `cost.incremental.MIN_CAPACITY` up, each candidate is costed incrementally from the parent
+  (FLOPs and distinct constants only where the rewrite changed slots; a candidate that changed
+  more slots than that covers is costed again alone with the full model); below it, by the
+  full model, pruned (exact on `apply_edit` outputs). Either way every cost equals
+  `graph_cost` of the child.
 
   `jax.jit` caches one executable per graph capacity (N, K) and bucket size, so a search
   compiles a few (`trace_counts` counts traces).
@@ -203,14 +205,18 @@ class Expander:
     used = jnp.arange(size) < flat.sum()
     rule = (idx // rs.max_locations).astype(jnp.int32)
     nodes = match.nodes.reshape(a, -1)[idx]  # [B, P]
-    base = incremental.cost_base(graph)
+    incremental_cost = n >= incremental.MIN_CAPACITY
+    base = incremental.cost_base(graph) if incremental_cost else None
 
     def one(r, bound, keep):
       # `RuleSet.plans` (each rule vmapped over its L locations, then gathered) traces 2-3 s
       # faster, but was slower per SqueezeNet expansion in two of three side-by-side pairs.
       edit = edit_lib.neutralize(rs.edit(graph, r, bound), keep & (bound[0] >= 0), n)
       new, ok = edit_lib.apply_edit(graph, edit)
-      cost, exact = incremental.candidate_cost(graph, base, new, self.coeffs)
+      if incremental_cost:
+        cost, exact = incremental.candidate_cost(graph, base, new, self.coeffs)
+      else:
+        cost, exact = cost_model.graph_cost(new, self.coeffs, pruned=True), jnp.asarray(True)
       child_ids = identity.child_identities(graph, ids, new, rs.max_new)
       return new, ok, cost, exact, child_ids, identity.graph_hash(new, child_ids)
 
