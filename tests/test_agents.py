@@ -428,6 +428,15 @@ def test_ppo_learns_a_cost_raising_rewrite_that_greedy_misses(env, ruleset, trai
   assert costs[-1] == pytest.approx(OPTIMUM), costs
   # And the sampling policy reaches the optimum in (almost) every episode by the end.
   assert history[-1]["episode_best_ratio"] == pytest.approx(OPTIMUM / INITIAL, abs=0.02)
+  # The best graph comes with the rewrites that made it: replaying them rebuilds it.
+  from xrlflow_jax import search  # pylint: disable=g-import-not-at-top
+  count = int(final.best_num_rewrites[0])
+  rows = np.asarray(final.best_rewrites[0])
+  assert count >= 2 and (rows[count:] == -1).all()
+  steps = [search.RewriteStep(ruleset.names[int(r[0])], int(r[0]), int(r[1]),
+                              tuple(int(v) for v in r[2:])) for r in rows[:count]]
+  best = jax.tree_util.tree_map(lambda a: np.asarray(a)[0], final.best_graph)
+  assert G.structural_hash(search.replay(graph, ruleset, steps)) == G.structural_hash(best)
 
 
 @pytest.mark.slow  # needs the trained fixture (a full training compile)

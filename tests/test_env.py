@@ -147,6 +147,14 @@ def test_truncation_keeps_discount_and_invalid_action_is_flagged(pool):
   valid = int(np.flatnonzero(np.asarray(ts2.observation.action_mask)[:-1])[0])
   state3, ts3 = step(state2, valid)
   assert int(ts3.step_type) == StepType.LAST and float(ts3.discount) == 1.0  # truncated
+  # The episode's applied rewrites are recorded (the refused one is not): rule, location and
+  # the bound nodes of the match it was applied to.
+  r, loc = divmod(valid, env.ruleset.max_locations)
+  assert int(state2.num_rewrites) == 0 and int(state3.num_rewrites) == 1
+  row = np.asarray(state3.rewrites)
+  assert row.shape == (2, 2 + env.ruleset.num_slots) and (row[1] == -1).all()
+  np.testing.assert_array_equal(row[0], [r, loc, *np.asarray(state2.match.nodes)[r, loc]])
+  np.testing.assert_array_equal(np.asarray(ts3.extras["rewrites"]), row)
 
 
 def test_auto_reset_and_logging(pool):

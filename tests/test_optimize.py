@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import jax
 import numpy as np
 import pytest
 from absl import app, flags
@@ -280,10 +281,32 @@ def test_cli_usage_errors(argv, message):
 
 @pytest.mark.slow
 def test_ppo_default(tmp_path):
-  """The no-flag default: tiny SqueezeNet, a short PPO run, then the policy driver."""
-  report = opt.optimize_model(output_dir=tmp_path / "ppo", **FAST)
+  """The no-flag default: tiny SqueezeNet, a short PPO run, then the policy driver; whichever
+  of the two found the graph returned, rewrites.json replays onto the input to it."""
+  report = opt.optimize_model(output_dir=tmp_path / "ppo", keep_slower=True, **FAST)
   assert report.method == "ppo" and report.found_by in ("policy", "training")
   assert report.numerics.passed
   assert report.cost_after_ms <= report.cost_before_ms
   assert "train_best_cost_ms" in report.details
   assert (tmp_path / "ppo" / "report.json").is_file()
+  assert report.rewrites is not None
+  rules = json.loads((tmp_path / "ppo" / "rewrites.json").read_text())["rules"]
+  assert _replay_hash(tmp_path / "ppo", opt.DEFAULT_MODEL, rules) == report.hash_after
+
+
+@pytest.mark.slow
+def test_training_rewrites_replay_to_trainings_best_graph():
+  """The best graph PPO training met is returned with its recorded rewrites, checked by replay
+  (and refused, None, when they do not rebuild it)."""
+  loaded = opt.load_source(opt.DEFAULT_MODEL)
+  config = opt.ppo_config(budget=4)
+  config.env.rules = opt.default_ppo_rules(loaded.graph, int(config.env.max_locations))
+  trainer, ruleset, state, _ = opt.train_ppo(loaded, config, cost.load_coefficients(),
+                                             log=lambda _: None)
+  best = G.to_host(jax.tree_util.tree_map(lambda a: np.asarray(a)[0], state.best_graph))
+  steps = opt.training_rewrites(loaded.graph, ruleset, state, best)
+  count = int(state.best_num_rewrites[0])
+  assert steps is not None and len(steps) == count
+  if float(state.best_cost[0]) < float(state.initial_cost[0]):  # training improved the graph
+    assert count >= 1
+    assert opt.training_rewrites(loaded.graph, ruleset, state, loaded.graph) is None

@@ -14,7 +14,9 @@ Pipeline (`optimize_model`):
                 "ppo": a short PPO training run (`xrlflow_jax/configs/ppo.py:test` settings, the
                 budget in updates), then the trained policy as a search driver
                 (`search.optimize(..., "policy")`); the better graph by modelled cost of the
-                policy's and the best one training itself met is kept.
+                policy's and the best one training itself met is kept, either with its
+                recorded rewrite sequence (training records the episode's rewrites; they are
+                replayed and checked before the graph is kept).
   3. check      both graphs run on the same random inputs; every output must agree
                 (max |a - b| / (1 + |a|) <= tolerance) or `NumericsError` is raised and nothing
                 is written.
@@ -122,8 +124,8 @@ class Found:
 
   Attributes:
     graph: the best graph; cost_ms: its modelled cost; initial_cost_ms: the input's.
-    rewrites: JSON-ready steps that replay onto the input, or None when unknown (the best graph
-      met during PPO training is not recorded with its sequence).
+    rewrites: JSON-ready steps that replay onto the input (`search.replay`), or None when
+      unknown (no component of the job returns such a graph).
     found_by: "greedy", ..., "policy" or "training".
     details: extra figures for report.json.
   """
@@ -285,9 +287,35 @@ def run_ppo(loaded: Loaded, coeffs: cost.CostCoefficients, *, budget: int | None
       f"{len(found.rewrites or [])} rewrites; training's best {train_cost:.4f} ms")
   details.update({"policy_cost_ms": found.cost_ms, "policy": found.details})
   if train_cost < found.cost_ms * (1.0 - 1e-6):
-    found = Found(train_graph, train_cost, found.initial_cost_ms, None, "training", {})
+    steps = training_rewrites(loaded.graph, ruleset, state, train_graph)
+    if steps is None:  # cannot happen unless replay and the environment disagree: say so
+      details["training_replay"] = "mismatch: the policy's graph is returned instead"
+      log("  training's best graph does not replay from its recorded rewrites; the policy's "
+          "graph is returned")
+    else:
+      found = Found(train_graph, train_cost, found.initial_cost_ms, steps, "training", {})
+      details["training_rewrites"] = len(steps)
   found.details = details
   return found
+
+
+def training_rewrites(graph: layout.Graph, ruleset: Any, state: Any,
+                      best_graph: layout.Graph, index: int = 0) -> list[dict[str, Any]] | None:
+  """The recorded rewrites of the best graph training met for pool graph `index` (the rows of
+  `RunnerState.best_rewrites`), as JSON-ready `search.RewriteStep`s, checked by replaying them
+  onto `graph`: None when the replay does not rebuild `best_graph` (same structural hash)."""
+  search = _search_module()
+  count = int(np.asarray(state.best_num_rewrites)[index])
+  rows = np.asarray(state.best_rewrites)[index][:count]
+  steps = [search.RewriteStep(ruleset.names[int(r[0])], int(r[0]), int(r[1]),
+                              tuple(int(v) for v in r[2:])) for r in rows]
+  try:
+    replayed = search.replay(graph, ruleset, steps)
+  except search.SearchError:
+    return None
+  if G.structural_hash(replayed) != G.structural_hash(best_graph):
+    return None
+  return [s.to_json() for s in steps]
 
 
 def _policy_options(trainer: Any, state: Any, options: Mapping[str, Any] | None

@@ -167,6 +167,9 @@ class RunnerState:
     key: PRNG key; update: updates done (int32[]).
     best_cost: float32[G] lowest modelled cost seen per pool graph; best_graph: those graphs
       (leading [G]); initial_cost: float32[G] the pool graphs' costs.
+    best_rewrites: int32[G, horizon, 2 + P] the rewrites that made each best graph from its
+      pool graph (rows of the environment's `State.rewrites`); best_num_rewrites: int32[G]
+      rows in use (0: the pool graph itself).
   """
   params: Any
   opt_state: Any
@@ -177,6 +180,8 @@ class RunnerState:
   best_cost: jax.Array
   best_graph: Any
   initial_cost: jax.Array
+  best_rewrites: Any = None
+  best_num_rewrites: Any = None
 
 
 class Trainer:
@@ -251,9 +256,12 @@ class Trainer:
         self.agent.init(k_init, jax.tree_util.tree_map(lambda x: x[0], obs)))
     pool = self.env.pool
     initial = jax.vmap(self.env.cost_fn)(pool).astype(jnp.float32)
+    g = self.env.pool_size
+    rows = jnp.full([g, self.env.horizon, 2 + self.env.ruleset.num_slots], -1, jnp.int32)
     return RunnerState(params=params, opt_state=self._replicate(self.optimizer.init(params)),
                        env_state=env_state, obs=obs, key=key, update=jnp.int32(0),
-                       best_cost=initial, best_graph=pool, initial_cost=initial)
+                       best_cost=initial, best_graph=pool, initial_cost=initial,
+                       best_rewrites=rows, best_num_rewrites=jnp.zeros([g], jnp.int32))
 
   def _policy(self, params: Any, obs: Any) -> tuple[MaskedCategorical, jax.Array]:
     logits, value = jax.vmap(self.agent.apply, in_axes=(None, 0))(params, obs)
@@ -263,25 +271,27 @@ class Trainer:
     return jax.vmap(self.agent.value, in_axes=(None, 0))(params, obs)
 
   @staticmethod
-  def _track_best(best_cost, best_graph, costs, graphs, index):
-    """Keeps, per pool graph, the lowest-cost graph seen (costs [B], graphs [B], index [B])."""
+  def _track_best(best_cost, best, costs, found, index):
+    """Keeps, per pool graph, what came with the lowest cost seen: best_cost float32[G], best
+    (a pytree with leading [G]: graph, rewrites, ...), costs float32[B], found (the same pytree
+    with leading [B]), index int32[B] pool graph of each. Returns (best_cost, best)."""
     g = best_cost.shape[0]
     mine = index[None, :] == jnp.arange(g)[:, None]  # [G, B]
     c = jnp.where(mine, costs[None, :], jnp.inf)
     j = jnp.argmin(c, axis=1)
     cmin = jnp.take_along_axis(c, j[:, None], 1)[:, 0]
     better = cmin < best_cost * (1.0 - 1e-6)  # float noise of equal-cost graphs is not better
-    best_graph = jax.tree_util.tree_map(
+    best = jax.tree_util.tree_map(
         lambda new, old: jnp.where(better.reshape((-1,) + (1,) * (old.ndim - 1)), new[j], old),
-        graphs, best_graph)
-    return jnp.where(better, cmin, best_cost), best_graph
+        found, best)
+    return jnp.where(better, cmin, best_cost), best
 
   def _rollout(self, runner: RunnerState):
     """num_steps steps of every environment: (runner, Transition [T, B], info [T, B])."""
     params = runner.params
 
     def step(carry, _):
-      env_state, obs, key, best_cost, best_graph = carry
+      env_state, obs, key, best_cost, best = carry
       key, k_act = jax.random.split(key)
       dist, value = self._policy(params, obs)
       action = dist.sample(k_act)
@@ -294,23 +304,26 @@ class Trainer:
       boot = jax.lax.cond(jnp.any(truncated), lambda: self._values(params, final_obs),
                           lambda: jnp.zeros_like(value))
       boot = jnp.where(truncated, boot, 0.0)
-      best_cost, best_graph = self._track_best(best_cost, best_graph, ts.extras["cost"],
-                                               final_obs.graph, ts.extras["graph_index"])
+      ex = ts.extras  # of the step taken (before any auto-reset): its graph and rewrites
+      best_cost, best = self._track_best(
+          best_cost, best, ex["cost"], (final_obs.graph, ex["rewrites"], ex["num_rewrites"]),
+          ex["graph_index"])
       env_state, next_obs = self._shard((env_state, ts.observation), 0)
       trans = Transition(obs=obs, action=action, log_prob=log_prob, value=value,
                          reward=ts.reward, discount=ts.discount, last=ts.last(), bootstrap=boot)
-      ex = ts.extras
       info = {"done": ex["episode_done"], "return": ex["episode_return"],
               "length": ex["episode_length"].astype(jnp.float32),
               "best_ratio": ex["episode_best_cost"] / ex["initial_cost"],
               "invalid": ex["invalid_action"], "stop": action == self.env.stop_action}
-      return (env_state, next_obs, key, best_cost, best_graph), (trans, info)
+      return (env_state, next_obs, key, best_cost, best), (trans, info)
 
-    carry = (runner.env_state, runner.obs, runner.key, runner.best_cost, runner.best_graph)
+    best = (runner.best_graph, runner.best_rewrites, runner.best_num_rewrites)
+    carry = (runner.env_state, runner.obs, runner.key, runner.best_cost, best)
     carry, (traj, info) = jax.lax.scan(step, carry, None, self.config.num_steps)
-    env_state, obs, key, best_cost, best_graph = carry
+    env_state, obs, key, best_cost, (best_graph, best_rewrites, best_num) = carry
     runner = runner.replace(env_state=env_state, obs=obs, key=key, best_cost=best_cost,
-                            best_graph=best_graph)
+                            best_graph=best_graph, best_rewrites=best_rewrites,
+                            best_num_rewrites=best_num)
     return runner, self._shard(traj, 1), info
 
   def _loss(self, params: Any, batch: dict[str, Any]) -> tuple[jax.Array, dict[str, jax.Array]]:

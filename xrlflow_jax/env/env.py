@@ -163,8 +163,10 @@ class GraphRewriteEnv:
     graph = jax.tree_util.tree_map(lambda a: a[index], self.pool)
     match, cost, observation = jax.tree_util.tree_map(lambda a: a[index], self.initial())
     zero = jnp.int32(0)
+    rewrites = jnp.full([self.horizon, 2 + self.ruleset.num_slots], -1, jnp.int32)
     state = State(graph=graph, match=match, cost=cost, initial_cost=cost, best_cost=cost,
-                  best_graph=graph, step_count=zero, graph_index=index, key=key)
+                  best_graph=graph, step_count=zero, graph_index=index, key=key,
+                  rewrites=rewrites, num_rewrites=zero)
     timestep = TimeStep(step_type=jnp.int32(StepType.FIRST), reward=jnp.float32(0.0),
                         discount=jnp.float32(1.0), observation=observation,
                         extras=self._extras(state, jnp.asarray(False)))
@@ -172,7 +174,8 @@ class GraphRewriteEnv:
 
   def _extras(self, state: State, invalid: jax.Array) -> dict:
     return {"invalid_action": invalid, "cost": state.cost, "best_cost": state.best_cost,
-            "initial_cost": state.initial_cost, "graph_index": state.graph_index}
+            "initial_cost": state.initial_cost, "graph_index": state.graph_index,
+            "rewrites": state.rewrites, "num_rewrites": state.num_rewrites}
 
   def step(self, state: State, action: jax.Array) -> tuple[State, TimeStep]:
     """Applies `action` (int32[]): a rewrite index or the stop action."""
@@ -192,9 +195,15 @@ class GraphRewriteEnv:
     better = cost < state.best_cost
     best_graph = jax.tree_util.tree_map(lambda a, b: jnp.where(better, a, b), graph,
                                         state.best_graph)
+    rule, loc = rewrite // self.ruleset.max_locations, rewrite % self.ruleset.max_locations
+    row = jnp.concatenate([jnp.stack([rule, loc]), state.match.nodes[rule, loc]]).astype(jnp.int32)
+    slot = jnp.minimum(state.num_rewrites, self.horizon - 1)  # < horizon: one per step
+    rewrites = jnp.where(applied, state.rewrites.at[slot].set(row), state.rewrites)
+    num_rewrites = state.num_rewrites + applied.astype(jnp.int32)
     new_state = State(graph=graph, match=match, cost=cost, initial_cost=state.initial_cost,
                       best_cost=jnp.minimum(cost, state.best_cost), best_graph=best_graph,
-                      step_count=step_count, graph_index=state.graph_index, key=state.key)
+                      step_count=step_count, graph_index=state.graph_index, key=state.key,
+                      rewrites=rewrites, num_rewrites=num_rewrites)
     step_type = jnp.where(terminated | truncated, StepType.LAST, StepType.MID).astype(jnp.int32)
     timestep = TimeStep(step_type=step_type, reward=reward.astype(jnp.float32),
                         discount=jnp.where(terminated, 0.0, 1.0).astype(jnp.float32),

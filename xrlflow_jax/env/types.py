@@ -59,6 +59,10 @@ class State:
     best_graph: the graph with `best_cost`.
     step_count: steps taken this episode; graph_index: which pool graph the episode started from.
     key: PRNG key for the next reset.
+    rewrites: int32[horizon, 2 + P]: the rewrites applied this episode, in order, one row each
+      (rule index, location, the P bound node slots; -1 padding): replaying the first
+      `num_rewrites` rows onto the pool graph rebuilds `graph` (`search.replay`).
+    num_rewrites: int32[]: rows of `rewrites` in use.
   """
   graph: Any
   match: RuleSetMatch
@@ -69,6 +73,8 @@ class State:
   step_count: jax.Array
   graph_index: jax.Array
   key: jax.Array
+  rewrites: jax.Array
+  num_rewrites: jax.Array
 
 
 @chex.dataclass(frozen=True)
@@ -76,7 +82,8 @@ class TimeStep:
   """One transition's outcome (dm_env convention: reward and discount of the step just taken).
 
   extras holds: "invalid_action" (a masked action was forced: the graph did not change),
-  "cost", "best_cost", "graph_index", and what wrappers add.
+  "cost", "best_cost", "graph_index", "rewrites" and "num_rewrites" (the episode's applied
+  rewrites so far, see `State`), and what wrappers add.
   """
   step_type: jax.Array
   reward: jax.Array
