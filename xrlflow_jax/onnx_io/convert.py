@@ -611,9 +611,8 @@ def _to_2d(ctx: Ctx, x: Operand, what: str) -> tuple[Operand, bool]:
   raise ctx.unsupported(f"{what} of rank {rank} is not supported (1-D and 2-D only)")
 
 
-@converter("Conv")
-def _conv(ctx: Ctx) -> list[Operand | None]:
-  ctx.check_attrs(["auto_pad", "dilations", "group", "kernel_shape", "pads", "strides"])
+def _conv_operands(ctx: Ctx) -> tuple[Operand, Operand, Sequence[int], Sequence[int]]:
+  """(X, W, X's shape, W's shape) of a Conv or ConvTranspose node: float, one dtype, one rank."""
   x, w = ctx.inp(0, "X"), ctx.inp(1, "W")
   ctx.same_dtype([x, w])
   _float(ctx, x)
@@ -621,6 +620,13 @@ def _conv(ctx: Ctx) -> list[Operand | None]:
   if len(ws) != len(xs):
     raise ctx.error(f"weight '{ctx.node.input[1]}' has dims {list(ws)}, which do not fit input "
                     f"{list(xs)} (same rank needed)")
+  return x, w, xs, ws
+
+
+@converter("Conv")
+def _conv(ctx: Ctx) -> list[Operand | None]:
+  ctx.check_attrs(["auto_pad", "dilations", "group", "kernel_shape", "pads", "strides"])
+  x, w, xs, ws = _conv_operands(ctx)
   n = len(xs) - 2
   kernel = ctx.ints_attr("kernel_shape", list(ws[2:]))
   if list(kernel) != list(ws[2:]):
@@ -750,13 +756,7 @@ def _einsum(ctx: Ctx) -> list[Operand | None]:
 def _conv_transpose(ctx: Ctx) -> list[Operand | None]:
   ctx.check_attrs(["auto_pad", "dilations", "group", "kernel_shape", "output_padding",
                    "output_shape", "pads", "strides"])
-  x, w = ctx.inp(0, "X"), ctx.inp(1, "W")
-  ctx.same_dtype([x, w])
-  _float(ctx, x)
-  xs, ws = ctx.shape(x), ctx.shape(w)
-  if len(ws) != len(xs):
-    raise ctx.error(f"weight '{ctx.node.input[1]}' has dims {list(ws)}, which do not fit input "
-                    f"{list(xs)} (same rank needed)")
+  x, w, xs, ws = _conv_operands(ctx)
   n = len(xs) - 2
   if n not in (1, 2):
     raise ctx.unsupported(f"input of rank {len(xs)} is not supported (1-D and 2-D only)")
