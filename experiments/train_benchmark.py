@@ -10,6 +10,8 @@ r"""PPO training throughput: environment steps per second, learning included, pe
 For each head and batch size (environments per rollout) it compiles one PPO update (rollout of
 `num_steps` steps with `lax.scan`, GAE, `update_epochs` x `num_minibatches` Adam steps) ahead
 of time and times `updates` calls. steps/s = batch * num_steps / (median seconds per update).
+Epochs default to the training config's (2; the issue-14 "before" figures used 4:
+--update_epochs=4).
 --variants times several learners interleaved in one process (`xrlflow_jax.agents.benchmark`:
 "after" is the library's learner, "before" the one before issue 14's changes) and --profile
 adds, per variant, milliseconds per batched call of each part (environment step, node costs,
@@ -63,7 +65,8 @@ _VARIANTS = flags.DEFINE_list("variants", ["after"], "Learners to time side by s
                               "library's), before (before issue 14's changes).")
 _PROFILE = flags.DEFINE_bool("profile", False, "Also time each part of the learner per variant.")
 _REPEATS = flags.DEFINE_integer("repeats", 7, "Interleaved rounds of the --profile timings.")
-_EPOCHS = flags.DEFINE_integer("update_epochs", 4, "PPO epochs per update.")
+_EPOCHS = flags.DEFINE_integer("update_epochs", None, "PPO epochs per update (default: the "
+                                "config's).")
 _MINIBATCHES = flags.DEFINE_integer("num_minibatches", 4, "PPO minibatches per epoch.")
 
 
@@ -83,7 +86,8 @@ def _config(head: str, batch: int, locations: int | None = None):
   c.agent.remat = head == "candidates"
   c.ppo.num_envs = batch
   c.ppo.num_steps = _STEPS.value
-  c.ppo.update_epochs = _EPOCHS.value
+  if _EPOCHS.value:
+    c.ppo.update_epochs = _EPOCHS.value
   c.ppo.num_minibatches = _MINIBATCHES.value
   c.ppo.total_timesteps = batch * _STEPS.value * 1000
   return c
@@ -120,8 +124,9 @@ def _memory(locations: int, batch: int) -> dict:
 def main(argv: list[str]) -> None:
   del argv
   dev = jax.devices()[0]
+  epochs = _config(_HEADS.value[0], 16).ppo.update_epochs
   print(f"{_MODEL.value} ({_SIZE.value}); GNN {_LAYERS.value} x {_HIDDEN.value}; "
-        f"{_STEPS.value} steps/update, {_EPOCHS.value} epochs x {_MINIBATCHES.value} "
+        f"{_STEPS.value} steps/update, {epochs} epochs x {_MINIBATCHES.value} "
         f"minibatches; {dev.platform} ({dev.device_kind}) x {len(jax.devices())}, "
         f"{platform.machine()}, {os.cpu_count()} CPUs; {datetime.date.today()}", flush=True)
   rows = []
