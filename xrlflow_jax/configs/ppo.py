@@ -57,10 +57,12 @@ def get_config(arg: str = "test") -> ml_collections.ConfigDict:
   c.ppo.num_steps = 32
   c.ppo.total_timesteps = 16 * 32 * 200
   # Two passes over each rollout, not PPOConfig's four: on this 2-core CPU the gradient is most
-  # of an update, and in a side-by-side training comparison (tiny BERT, the 21 default rules,
-  # 16 updates of 16 x 16 steps, 2 seeds each, 2026-12-01) 2 epochs reached training's best
-  # graph in every late episode (episode best ratio 0.9406 / 0.9406) where 4 epochs got
-  # 0.9450 / 0.9428, in 0.40x the wall time (387 s vs 976 s with compiles).
+  # of an update. In a short training comparison (`experiments.train` on tiny BERT, the 21
+  # default rules, 16 updates of 16 x 16 steps, 2 seeds each; runs one after the other on the
+  # loaded 2-core machine, 2026-12-01) 2 epochs reached training's best graph in every episode
+  # of the last 4 updates (episode best ratio 0.9406 / 0.9406) where 4 epochs got 0.9450 /
+  # 0.9428 (both found the same best graph, 0.9406), in 0.40x the wall time (387 s vs 976 s,
+  # compiles included).
   c.ppo.update_epochs = 2
   c.ppo.num_minibatches = 4
   c.ppo.gamma = 0.99
