@@ -201,7 +201,12 @@ def test_ruleset_vmap_matches_per_graph_and_traces_once():
     np.testing.assert_array_equal(out.found[i], single.found)
 
 
-@pytest.mark.parametrize("name", models.list_models())
+# Inception-v3's walk takes about 100 s (its lowerings dominate); it runs with `-m slow`.
+_SLOW_WALKS = ("inception_v3",)
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in _SLOW_WALKS
+                                  else n for n in models.list_models()])
 def test_random_rewrite_sequence_keeps_outputs(name, zoo_ruleset, zoo_match, zoo_apply,
                                                zoo_costs):
   """Fifty random valid rewrites of every zoo model: outputs unchanged, and after every rewrite

@@ -109,7 +109,10 @@ def _check(name: str, seeds: range) -> None:
   assert report.applied >= len(seeds)
 
 
+# One xdist worker runs every test of the shared harness (`--dist loadgroup` in pyproject):
+# compiling the 113-rule RuleSet takes about 3 minutes, and each worker would pay it.
 @needs_file
+@pytest.mark.xdist_group("taso_harness")
 @pytest.mark.parametrize("name", sorted(_BY_NAME, key=lambda n: int(n.split("_")[1])))
 def test_verify_every_rule(name):
   _check(name, range(2))
@@ -117,6 +120,7 @@ def test_verify_every_rule(name):
 
 @needs_file
 @pytest.mark.slow
+@pytest.mark.xdist_group("taso_harness")
 @pytest.mark.parametrize("name", sorted(_BY_NAME, key=lambda n: int(n.split("_")[1])))
 def test_verify_every_rule_more_seeds(name):
   _check(name, range(6))
