@@ -133,7 +133,8 @@ def test_bucketed_expansion_equals_each_candidate_alone_on_a_zoo_model(monkeypat
   rs = RuleSet([r for r in builtin_rules() if r.name in names], max_locations=16)
   coeffs = cost.load_coefficients()
   ex = search.Expander(rs, coeffs)
-  exp, children = ex.expand(graph)
+  ids = ex.identities(graph)
+  exp, children = ex.expand(graph, ids)
   mask = np.asarray(ex.match(graph)[0]).reshape(-1)
   (bucket,) = ex.stats.buckets
   assert bucket == search.bucket_size(int(mask.sum()), rs.num_actions)
@@ -150,6 +151,24 @@ def test_bucketed_expansion_equals_each_candidate_alone_on_a_zoo_model(monkeypat
     if ok:
       assert costs[a] == pytest.approx(float(full_cost(alone)), rel=1e-6)
       assert G.structural_hash(children.graph(i)) == G.structural_hash(alone)
+      # The child rebuilt from its recorded changes is the graph `apply_at` makes, field by field.
+      jax.tree_util.tree_map(np.testing.assert_array_equal, children.graph(i),
+                             jax.tree_util.tree_map(np.asarray, alone))
+      # The bucket's identities (computed on the new slots only) equal the formula over all N.
+      np.testing.assert_array_equal(children.ids[i],
+                                    _child_identities_over_all_slots(graph, ids, alone, rs.max_new))
+
+
+def _child_identities_over_all_slots(parent, parent_ids, child, max_new):
+  """`identity.child_identities` as first written (every round over all N slots)."""
+  from xrlflow_jax.graph import identity  # pylint: disable=g-import-not-at-top
+  table = G.input_table(child)
+  new = (np.asarray(child.nodes["alive"]) & ~np.asarray(parent.nodes["alive"]))[:, None]
+  sig = identity.signatures(child)
+  ids = jnp.where(child.nodes["alive"][:, None], parent_ids, jnp.uint32(0))
+  for _ in range(max_new):
+    ids = jnp.where(new, identity._combine(sig, ids, table), ids)  # pylint: disable=protected-access
+  return np.asarray(ids)
 
 
 def test_identity_hash_sees_commuted_graphs_as_one():

@@ -11,7 +11,8 @@ A rewrite touches a few slots, and two parts of the cost model only change where
   * Distinct folded constants (`const.mb`). The parent's constant value classes are sorted once;
     the child's total is the parent's plus, for every class whose membership changed on the
     (at most `max_changed`) slots whose class key changed, its megabytes when it appears or
-    disappears. No per-candidate sort.
+    disappears. No per-candidate sort. The hash's per-slot part (op, parameter, attributes) is
+    the parent's except on the slots the rewrite wrote.
 The remaining features (fusion, materialisation, siblings) are cheap gathers and segment sums
 over the child and are computed as the full model does.
 
@@ -50,6 +51,7 @@ class CostBase:
   Attributes:
     operands: the parent's `model.flop_operands` (what each slot's FLOPs depend on).
     flops: float32[N], every slot's FLOPs.
+    key_base: uint32[N], every slot's own part of that class hash (`model.constant_key_base`).
     const_key: uint32[N], every slot's folded-constant class (`model.constant_keys`).
     const_mb: float32[N], every slot's output megabytes.
     sorted_key: uint32[N], `const_key` sorted (class sizes by binary search).
@@ -57,6 +59,7 @@ class CostBase:
   """
   operands: tuple[jax.Array, ...]
   flops: jax.Array
+  key_base: jax.Array
   const_key: jax.Array
   const_mb: jax.Array
   sorted_key: jax.Array
@@ -72,37 +75,48 @@ def _out_mb(graph: layout.Graph) -> jax.Array:
 def cost_base(graph: layout.Graph, *, pruned: bool = False) -> CostBase:
   """The parent's shared parts. `pruned`: as `model.node_features` (the parent's liveness)."""
   live = graph.nodes["alive"] if pruned else transforms.live_nodes(graph)
-  key = model.constant_keys(graph, layout.input_table(graph), live)
+  key_base = model.constant_key_base(graph)
+  key = model.constant_keys(graph, layout.input_table(graph), live, key_base)
   mb = _out_mb(graph)
   first = model.distinct_constant_mb(graph, layout.input_table(graph), live, mb)
   operands = model.flop_operands(graph)
-  return CostBase(operands=operands, flops=jax.vmap(ops.flops_jit)(*operands), const_key=key,
-                  const_mb=mb, sorted_key=jnp.sort(key), const_total=jnp.sum(first))
+  return CostBase(operands=operands, flops=jax.vmap(ops.flops_jit)(*operands),
+                  key_base=key_base, const_key=key, const_mb=mb, sorted_key=jnp.sort(key),
+                  const_total=jnp.sum(first))
 
 
-def _changed_flops(parent: layout.Graph, base: CostBase, child: layout.Graph,
-                   max_changed: int) -> tuple[jax.Array, jax.Array]:
-  """(float32[N] the child's FLOPs, bool[] at most `max_changed` slots were recomputed)."""
+def _changed_rows(parent: layout.Graph, base: CostBase, child: layout.Graph,
+                  max_changed: int) -> tuple[jax.Array, tuple[jax.Array, ...], jax.Array]:
+  """(int32[M] the alive slots whose own fields or FLOP operands changed, n where unused;
+  the child's FLOP operands; bool[] at most M = `max_changed` of them)."""
   n = base.flops.shape[0]
   old, new = base.operands, model.flop_operands(child)
-  differs = jnp.zeros([n], bool)
-  for a, b in zip(old, new):
+  differs = parent.nodes["param_id"] != child.nodes["param_id"]
+  for a, b in zip(old, new):  # op, input shapes and ranks, shape, attributes
     differs = differs | jnp.any((a != b).reshape(n, -1), axis=-1)
-  alive = child.nodes["alive"]
-  dirty = alive & (differs | ~parent.nodes["alive"])
+  dirty = child.nodes["alive"] & (differs | ~parent.nodes["alive"])
   (idx,) = jnp.nonzero(dirty, size=max_changed, fill_value=n)
+  return idx, new, dirty.sum() <= max_changed
+
+
+def _changed_flops(base: CostBase, operands: tuple[jax.Array, ...],
+                   idx: jax.Array) -> jax.Array:
+  """float32[N]: the child's FLOPs, recomputed on slots `idx` (n: unused)."""
+  n = base.flops.shape[0]
   rows = jnp.minimum(idx, n - 1)
-  fresh = jax.vmap(ops.flops_jit)(*(x[rows] for x in new))
-  flops = base.flops.at[idx].set(fresh, mode="drop")  # idx == n: fill, dropped
-  return flops, dirty.sum() <= max_changed
+  fresh = jax.vmap(ops.flops_jit)(*(x[rows] for x in operands))
+  return base.flops.at[idx].set(fresh, mode="drop")  # idx == n: fill, dropped
 
 
-def _const_total(base: CostBase, child: layout.Graph, live: jax.Array,
+def _const_total(base: CostBase, child: layout.Graph, live: jax.Array, idx: jax.Array,
                  max_changed: int) -> tuple[jax.Array, jax.Array]:
   """(float32[] the child's distinct-constant megabytes, bool[] at most `max_changed` slots
-  changed class)."""
+  changed class). `idx`: the slots whose own fields changed (`_changed_rows`); every other
+  slot keeps the parent's own part of its class hash."""
   n = base.const_key.shape[0]
-  key = model.constant_keys(child, layout.input_table(child), live)
+  key_base = base.key_base.at[idx].set(
+      model.constant_key_base(child, jnp.minimum(idx, n - 1)), mode="drop")
+  key = model.constant_keys(child, layout.input_table(child), live, key_base)
   mb = _out_mb(child)
   no_class = jnp.uint32(model.NO_CLASS)
   changed = (key != base.const_key) | ((key != no_class) & (mb != base.const_mb))
@@ -138,11 +152,12 @@ def candidate_cost(parent: layout.Graph, base: CostBase, child: layout.Graph,
   """
   max_changed = MAX_CHANGED if max_changed is None else max_changed
   n = base.flops.shape[0]
-  flops, flops_exact = _changed_flops(parent, base, child, max_changed)
-  const_total, const_exact = _const_total(base, child, child.nodes["alive"], max_changed)
+  idx, operands, rows_exact = _changed_rows(parent, base, child, max_changed)
+  flops = _changed_flops(base, operands, idx)
+  const_total, const_exact = _const_total(base, child, child.nodes["alive"], idx, max_changed)
   feats = model.node_features(child, coeffs.epilogue_fusion, pruned=True, flops=flops,
                               const_mb=jnp.zeros([n], jnp.float32))
   w = jnp.asarray(coeffs.weights, jnp.float32)
   cost = (jnp.asarray(coeffs.call_ms, jnp.float32) + jnp.sum(feats @ w)
           + w[_CONST_COLUMN] * const_total)
-  return cost, flops_exact & const_exact
+  return cost, rows_exact & const_exact

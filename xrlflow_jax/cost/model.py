@@ -357,9 +357,26 @@ def _mix(h: jax.Array, x: jax.Array) -> jax.Array:
 NO_CLASS = 0xFFFFFFFF
 
 
-def constant_keys(graph: layout.Graph, table: jax.Array, live: jax.Array) -> jax.Array:
+def constant_key_base(graph: layout.Graph, rows: jax.Array | None = None) -> jax.Array:
+  """uint32[N]: the part of each slot's constant-class hash that is its own (op, parameter id,
+  attributes), before its inputs' hashes are mixed in; with `rows` (int32[M]), those slots'."""
+  nd = graph.nodes
+  op, param, attrs = nd["op"], nd["param_id"], nd["attrs"]
+  if rows is not None:
+    op, param, attrs = op[rows], param[rows], attrs[rows]
+  base = _mix(jnp.full(op.shape, 0x811C9DC5, jnp.uint32), op)
+  base = _mix(base, jnp.where(op == Op.CONSTANT, param, -1))
+  for a in range(attrs.shape[-1]):
+    base = _mix(base, attrs[:, a])
+  return base
+
+
+def constant_keys(graph: layout.Graph, table: jax.Array, live: jax.Array,
+                  base: jax.Array | None = None) -> jax.Array:
   """uint32[N]: the value class of every folded constant read by a live computed node (a
-  31-bit hash of its constant sub-tree, see `CONST`), NO_CLASS for every other slot."""
+  31-bit hash of its constant sub-tree, see `CONST`), NO_CLASS for every other slot. `base`:
+  `constant_key_base(graph)` when the caller has it (the incremental cost patches the
+  parent's)."""
   nd = graph.nodes
   n, k = table.shape
   valid = table >= 0
@@ -373,10 +390,7 @@ def constant_keys(graph: layout.Graph, table: jax.Array, live: jax.Array) -> jax
   # constant sub-tree of depth d is exact after d rounds. A collision between two distinct
   # weights (probability ~ pairs / 2^31, below 1e-5 for BERT-base's ~200 weights) would count
   # them once; one lane keeps the batched cost model cheap.
-  base = _mix(jnp.full([n], 0x811C9DC5, jnp.uint32), nd["op"])
-  base = _mix(base, jnp.where(nd["op"] == Op.CONSTANT, nd["param_id"], -1))
-  for a in range(nd["attrs"].shape[-1]):
-    base = _mix(base, nd["attrs"][:, a])
+  base = constant_key_base(graph) if base is None else base
   h = base
   for _ in range(_CONST_HASH_DEPTH):
     new = base

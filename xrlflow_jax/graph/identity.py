@@ -50,10 +50,14 @@ def _finish(h: jax.Array) -> jax.Array:
   return h ^ (h >> jnp.uint32(16))
 
 
-def signatures(graph: layout.Graph) -> jax.Array:
+def signatures(graph: layout.Graph, rows: jax.Array | None = None) -> jax.Array:
   """uint32[N, 2]: a hash of what a node is, apart from its inputs and its slot (op, attributes,
-  shape, rank, dtype, input index, parameter id); the output role is hashed per edge row."""
+  shape, rank, dtype, input index, parameter id); the output role is hashed per edge row.
+  With `rows` (int32[M], in range), only those slots': uint32[M, 2]."""
   nd = graph.nodes
+  if rows is not None:
+    nd = {f: nd[f][rows] for f in ("op", "rank", "dtype", "input_index", "param_id", "attrs",
+                                   "shape")}
   words = ([nd["op"], nd["rank"], nd["dtype"], nd["input_index"], nd["param_id"]]
            + [nd["attrs"][:, a] for a in range(nd["attrs"].shape[-1])]
            + [nd["shape"][:, r] for r in range(nd["shape"].shape[-1])])
@@ -97,13 +101,18 @@ def child_identities(parent: layout.Graph, parent_ids: jax.Array, child: layout.
                      max_new: int) -> jax.Array:
   """uint32[N, 2]: identities of `child`, a graph one rewrite (at most `max_new` new nodes)
   away from `parent`: kept nodes keep theirs, new nodes (alive in the child, free in the
-  parent: an edit only claims free slots) get their Merkle identity at creation."""
-  table = layout.input_table(child)
-  new = (child.nodes["alive"] & ~parent.nodes["alive"])[:, None]
-  sig = signatures(child)
+  parent: an edit only claims free slots) get their Merkle identity at creation. Works on the
+  new slots only (O(max_new), not O(N)): a search calls it on every candidate."""
+  n = child.nodes["alive"].shape[0]
+  new = child.nodes["alive"] & ~parent.nodes["alive"]
+  # Only the (at most max_new) new slots change: compute on those rows alone, not on all N.
+  (rows,) = jnp.nonzero(new, size=max_new, fill_value=n)
+  safe = jnp.minimum(rows, n - 1)
+  sig = signatures(child, safe)  # [M, 2]
+  table = layout.input_table(child)[safe]  # [M, K]
   ids = jnp.where(child.nodes["alive"][:, None], parent_ids, jnp.uint32(0))
   for _ in range(max_new):  # new nodes may read each other: a chain is at most max_new long
-    ids = jnp.where(new, _combine(sig, ids, table), ids)
+    ids = ids.at[rows].set(_combine(sig, ids, table), mode="drop")  # fill rows (n): dropped
   return ids
 
 

@@ -41,20 +41,37 @@ class Expansion:
   current: jax.Array
 
 
+# Node fields an edit writes only on the slots it claims for new nodes (`rules.edit.apply_edit`);
+# the others (aliveness, constness, output roles, levels) and the edges may change anywhere.
+_NEW_SLOT_FIELDS = ("op", "attrs", "shape", "rank", "dtype", "input_index", "param_id")
+_ANY_SLOT_FIELDS = tuple(f for f in layout.NODE_FIELDS if f not in _NEW_SLOT_FIELDS)
+
+
 @dataclasses.dataclass(frozen=True)
 class Children:
-  """The candidate graphs of one expansion, built by the call that costed them (host arrays).
+  """The candidate graphs of one expansion, built by the call that costed them (host arrays),
+  kept as changes to the parent: the fields an edit writes only on its new slots are stored for
+  those (at most M = `RuleSet.max_new`) slots, the rest in full. `graph(i)` rebuilds one.
 
   Attributes:
     actions: int32[C], the flat actions of the C matched candidates, in bucket order.
     ok: bool[C], the rewrite applied (shape rules, capacity, no cycle).
-    graphs: the candidate graphs, batched: every leaf [B, ...] (B >= C, the bucket size).
+    parent: the expanded graph (host arrays, capacity N).
+    new_slots: int32[B, M], each candidate's new slots (N where unused; B >= C, the bucket).
+    new_fields: {field: [B, M, ...]}, the `_NEW_SLOT_FIELDS` of those slots.
+    any_fields: {field: [B, N]}, the `_ANY_SLOT_FIELDS` of every slot.
+    senders, edge_valid: int32[B, N * K], bool[B, N * K], the edges.
     ids: uint32[B, N, 2], their node identities (`graph.identity`).
     hashes: list[int] (length C), their graph hashes (`identity.graph_hash`).
   """
   actions: np.ndarray
   ok: np.ndarray
-  graphs: layout.Graph
+  parent: layout.Graph
+  new_slots: np.ndarray
+  new_fields: dict[str, np.ndarray]
+  any_fields: dict[str, np.ndarray]
+  senders: np.ndarray
+  edge_valid: np.ndarray
   ids: np.ndarray
   hashes: list[int]
 
@@ -66,9 +83,18 @@ class Children:
     return int(hits[0])
 
   def graph(self, i: int) -> layout.Graph:
-    """Candidate `i` (bucket position) as an unbatched host graph (a copy: a view would keep
+    """Candidate `i` (bucket position) as an unbatched host graph (copies: a view would keep
     the whole bucket alive as long as a search queue holds the child)."""
-    return jax.tree_util.tree_map(lambda x: np.array(x[i]), self.graphs)
+    slots = self.new_slots[i]
+    used = slots < len(self.parent.nodes["op"])
+    nodes = {}
+    for f in _NEW_SLOT_FIELDS:
+      nodes[f] = np.array(self.parent.nodes[f])
+      nodes[f][slots[used]] = self.new_fields[f][i][used]
+    for f in _ANY_SLOT_FIELDS:
+      nodes[f] = np.array(self.any_fields[f][i])
+    return self.parent._replace(nodes=nodes, senders=np.array(self.senders[i]),
+                                edges={**self.parent.edges, "valid": np.array(self.edge_valid[i])})
 
 
 # A graph is better only if cheaper by this relative margin: candidates costed inside one jitted
@@ -218,7 +244,12 @@ class Expander:
       else:
         cost, exact = cost_model.graph_cost(new, self.coeffs, pruned=True), jnp.asarray(True)
       child_ids = identity.child_identities(graph, ids, new, rs.max_new)
-      return new, ok, cost, exact, child_ids, identity.graph_hash(new, child_ids)
+      (slots,) = jnp.nonzero(new.nodes["alive"] & ~graph.nodes["alive"], size=rs.max_new,
+                             fill_value=n)
+      safe = jnp.minimum(slots, n - 1)
+      delta = (slots, {f: new.nodes[f][safe] for f in _NEW_SLOT_FIELDS},
+               {f: new.nodes[f] for f in _ANY_SLOT_FIELDS}, new.senders, new.edges["valid"])
+      return delta, ok, cost, exact, child_ids, identity.graph_hash(new, child_ids)
 
     children, ok, c, exact, child_ids, hashes = jax.vmap(one)(rule, nodes, used)
     ok = ok & used
@@ -266,12 +297,16 @@ class Expander:
     match, count, current = self._call(self._match, graph)
     count = int(count)
     size = bucket_size(count, self.num_actions)
-    valid, cost, idx, ok, exact, graphs, child_ids, hashes = self._call(
+    valid, cost, idx, ok, exact, delta, child_ids, hashes = self._call(
         self._bucket, graph, ids, match, size=size)
     self.stats.candidates.append(count)
     self.stats.buckets.add(size)
+    slots, new_fields, any_fields, senders, edge_valid = jax.tree_util.tree_map(np.asarray,
+                                                                                delta)
     children = Children(actions=np.asarray(idx)[:count], ok=np.asarray(ok)[:count],
-                        graphs=layout.to_host(graphs), ids=np.asarray(child_ids),
+                        parent=layout.to_host(graph), new_slots=slots, new_fields=new_fields,
+                        any_fields=any_fields, senders=senders, edge_valid=edge_valid,
+                        ids=np.asarray(child_ids),
                         hashes=identity.as_ints(np.asarray(hashes)[:count]))
     inexact = np.flatnonzero(~np.asarray(exact)[:count])
     if inexact.size:
