@@ -127,6 +127,8 @@ def test_bucketed_expansion_equals_each_candidate_alone_on_a_zoo_model(monkeypat
   monkeypatch.setattr(search.expand, "MIN_BUCKET", 8)
   monkeypatch.setattr(incremental, "MAX_CHANGED", 1)
   monkeypatch.setattr(incremental, "MIN_CAPACITY", 0)  # this graph is smaller
+  # Rewrites that change more than 4 rows (5 here) are hashed again alone: both paths run.
+  monkeypatch.setattr(search.expand.identity, "MAX_CHANGED_ROWS", 4)
   graph, _ = models.build("squeezenet1_1", "tiny", capacity=128)
   names = ("relu_after_concat", "conv_bias_relu_unfuse", "enlarge_conv_kernel_bias_sib_bias",
            "merge_conv_shared_input_bias")
@@ -143,6 +145,7 @@ def test_bucketed_expansion_equals_each_candidate_alone_on_a_zoo_model(monkeypat
   valid, costs = np.asarray(exp.valid), np.asarray(exp.cost)
   assert valid.sum() == children.ok.sum() and np.isinf(costs[~valid]).all()
   assert 0 < ex.stats.recosted <= valid.sum()
+  assert 0 < ex.stats.rehashed < valid.sum(), ex.stats.rehashed
   full_cost = jax.jit(lambda g: cost.graph_cost(g, coeffs))
   for i, a in enumerate(children.actions):
     r, loc = divmod(int(a), rs.max_locations)
@@ -157,6 +160,7 @@ def test_bucketed_expansion_equals_each_candidate_alone_on_a_zoo_model(monkeypat
       # The bucket's identities (computed on the new slots only) equal the formula over all N.
       np.testing.assert_array_equal(children.ids[i],
                                     _child_identities_over_all_slots(graph, ids, alone, rs.max_new))
+      assert children.hashes[i] == ex.graph_hash(alone, children.ids[i])
 
 
 def _child_identities_over_all_slots(parent, parent_ids, child, max_new):

@@ -116,13 +116,52 @@ def child_identities(parent: layout.Graph, parent_ids: jax.Array, child: layout.
   return ids
 
 
+# Rows a rewrite may change before `child_graph_hash` reports that the child needs
+# `graph_hash` (a rewrite whose cascade frees many nodes).
+MAX_CHANGED_ROWS = 64
+
+
+def _rows(nd: dict, ids: jax.Array, table: jax.Array, rows: jax.Array | None = None
+          ) -> jax.Array:
+  """uint32[N, 2] (or [M, 2] for `rows`): each slot's term of the graph hash (0 if dead)."""
+  own, alive, out_index = ids, nd["alive"], nd["output_index"]
+  if rows is not None:
+    own, alive, out_index, table = own[rows], alive[rows], out_index[rows], table[rows]
+  h = _combine(_finish(own ^ out_index.astype(jnp.uint32)[:, None]), ids, table)
+  return jnp.where(alive[:, None], h, jnp.uint32(0))
+
+
+def row_hashes(graph: layout.Graph, ids: jax.Array) -> jax.Array:
+  """uint32[N, 2]: every slot's term of `graph_hash` (their sum, wrapping, is the hash)."""
+  return _rows(graph.nodes, ids, layout.input_table(graph))
+
+
 def graph_hash(graph: layout.Graph, ids: jax.Array) -> jax.Array:
   """uint32[2]: the hash of a graph given its node identities (see the module docstring)."""
-  table = layout.input_table(graph)
-  nd = graph.nodes
-  rows = _combine(_finish(ids ^ nd["output_index"].astype(jnp.uint32)[:, None]), ids, table)
-  rows = jnp.where(nd["alive"][:, None], rows, jnp.uint32(0))
-  return jnp.sum(rows, axis=0, dtype=jnp.uint32)
+  return jnp.sum(row_hashes(graph, ids), axis=0, dtype=jnp.uint32)
+
+
+def child_graph_hash(parent: layout.Graph, parent_rows: jax.Array, child: layout.Graph,
+                     child_ids: jax.Array, max_rows: int | None = None
+                     ) -> tuple[jax.Array, jax.Array]:
+  """(uint32[2] `graph_hash(child, child_ids)`, bool[] exact) from the parent's `row_hashes`:
+  only the slots whose term can differ (alive, inputs or output index changed; kept nodes keep
+  their identities, `child_identities`) are hashed again, at most `max_rows` (default
+  MAX_CHANGED_ROWS, read at trace time). Not exact when more changed: use `graph_hash`."""
+  max_rows = MAX_CHANGED_ROWS if max_rows is None else max_rows
+  p, c = parent.nodes, child.nodes
+  n = c["alive"].shape[0]
+  table = layout.input_table(child)
+  changed = ((p["alive"] != c["alive"]) | (p["output_index"] != c["output_index"])
+             | jnp.any(layout.input_table(parent) != table, axis=-1))
+  (rows,) = jnp.nonzero(changed, size=max_rows, fill_value=n)
+  safe = jnp.minimum(rows, n - 1)
+  used = (rows < n)[:, None]
+  old = jnp.where(used, parent_rows[safe], jnp.uint32(0))
+  new = jnp.where(used, _rows(c, child_ids, table, safe), jnp.uint32(0))
+  total = (jnp.sum(parent_rows, axis=0, dtype=jnp.uint32) + jnp.sum(new, axis=0, dtype=jnp.uint32)
+           - jnp.sum(old, axis=0, dtype=jnp.uint32))
+  return total, changed.sum() <= max_rows
 
 
 def as_ints(hashes) -> list[int]:

@@ -116,17 +116,21 @@ class ExpanderStats:
       compilation cache, plus one run).
     recosted: candidates whose rewrite changed more slots than the incremental cost covers
       (`cost.incremental.MAX_CHANGED`), costed again alone with the full model.
+    rehashed: candidates whose rewrite changed more rows than the incremental graph hash
+      covers (`graph.identity.MAX_CHANGED_ROWS`), hashed again alone.
   """
   candidates: list[int] = dataclasses.field(default_factory=list)
   buckets: set[int] = dataclasses.field(default_factory=set)
   compile_seconds: float = 0.0
   recosted: int = 0
+  rehashed: int = 0
 
   def reset(self) -> None:
     self.candidates.clear()
     self.buckets.clear()
     self.compile_seconds = 0.0
     self.recosted = 0
+    self.rehashed = 0
 
 
 def improves(cost: float, reference: float) -> bool:
@@ -233,6 +237,7 @@ class Expander:
     nodes = match.nodes.reshape(a, -1)[idx]  # [B, P]
     incremental_cost = n >= incremental.MIN_CAPACITY
     base = incremental.cost_base(graph) if incremental_cost else None
+    parent_rows = identity.row_hashes(graph, ids)
 
     def one(r, bound, keep):
       # `RuleSet.plans` (each rule vmapped over its L locations, then gathered) traces 2-3 s
@@ -249,15 +254,17 @@ class Expander:
       safe = jnp.minimum(slots, n - 1)
       delta = (slots, {f: new.nodes[f][safe] for f in _NEW_SLOT_FIELDS},
                {f: new.nodes[f] for f in _ANY_SLOT_FIELDS}, new.senders, new.edges["valid"])
-      return delta, ok, cost, exact, child_ids, identity.graph_hash(new, child_ids)
+      h, hashed = identity.child_graph_hash(graph, parent_rows, new, child_ids)
+      return delta, ok, cost, exact, child_ids, h, hashed
 
-    children, ok, c, exact, child_ids, hashes = jax.vmap(one)(rule, nodes, used)
+    children, ok, c, exact, child_ids, hashes, hashed = jax.vmap(one)(rule, nodes, used)
     ok = ok & used
     slot = jnp.where(used, idx, a)  # unused bucket slots scatter nowhere
     valid = jnp.zeros([a], bool).at[slot].set(ok, mode="drop")
     cost = jnp.full([a], jnp.inf, jnp.float32).at[slot].set(
         jnp.where(ok, c.astype(jnp.float32), jnp.inf), mode="drop")
-    return valid, cost, idx.astype(jnp.int32), ok, exact | ~ok, children, child_ids, hashes
+    return (valid, cost, idx.astype(jnp.int32), ok, exact | ~ok, children, child_ids, hashes,
+            hashed | ~ok)
 
   def _apply_at_impl(self, graph: layout.Graph, rule: jax.Array,
                      nodes: jax.Array) -> tuple[layout.Graph, jax.Array]:
@@ -297,7 +304,7 @@ class Expander:
     match, count, current = self._call(self._match, graph)
     count = int(count)
     size = bucket_size(count, self.num_actions)
-    valid, cost, idx, ok, exact, delta, child_ids, hashes = self._call(
+    valid, cost, idx, ok, exact, delta, child_ids, hashes, hashed = self._call(
         self._bucket, graph, ids, match, size=size)
     self.stats.candidates.append(count)
     self.stats.buckets.add(size)
@@ -308,6 +315,9 @@ class Expander:
                         any_fields=any_fields, senders=senders, edge_valid=edge_valid,
                         ids=np.asarray(child_ids),
                         hashes=identity.as_ints(np.asarray(hashes)[:count]))
+    for i in np.flatnonzero(~np.asarray(hashed)[:count]):  # too many changed rows
+      children.hashes[i] = self.graph_hash(children.graph(int(i)), children.ids[i])
+      self.stats.rehashed += 1
     inexact = np.flatnonzero(~np.asarray(exact)[:count])
     if inexact.size:
       cost = np.array(cost)
