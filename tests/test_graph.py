@@ -339,3 +339,18 @@ def test_executor_int64_inputs_run_as_int32_without_warning_and_refuse_overflow(
   np.testing.assert_allclose(out, p[0][[4, 0, 2]], rtol=1e-6)
   with pytest.raises(errors.ShapeError, match=r"input ids is int64 with values outside int32"):
     lowered(np.asarray([2**40, 0, 1], np.int64))
+
+
+def test_executor_float64_inputs_run_as_float32_and_refuse_values_beyond_its_range():
+  if jax.config.jax_enable_x64:
+    pytest.skip("x64 is enabled: float64 runs as float64")
+  b = G.GraphBuilder()
+  x = b.input((3,), dtype="float64", name="x")
+  b.output(b.relu(x))
+  g, p = b.build(8)
+  lowered = executor.lower(g, p, input_names=["x"])
+  (out,) = lowered(np.asarray([1.5, -2.0, np.inf], np.float64))  # inf is a value float32 has
+  np.testing.assert_array_equal(out, [1.5, 0.0, np.inf])
+  with pytest.raises(errors.ShapeError, match=r"input x is float64 with finite values beyond "
+                     r"float32's range \(largest magnitude 1e\+300\)"):
+    lowered(np.asarray([1.0, -1e300, 0.0], np.float64))

@@ -11,6 +11,7 @@ import warnings
 from pathlib import Path
 from typing import Any, Sequence
 
+import jax
 import numpy as np
 import onnx
 import pytest
@@ -611,8 +612,8 @@ def test_opset_conversion_failure_is_named():
 _BACKEND_DATA = Path(onnx.__file__).parent / "backend" / "test" / "data"
 # Files of onnx's backend test data whose ops are in scope (pytorch-operator and simple, opset 6
 # to 12) and that compute what their stored outputs say. Not listed: float64 inputs beyond
-# float32's range (add_broadcast, add_size1_right/singleton_broadcast: the executor computes
-# float64 as float32 without x64), float64 constants (addconstant), ConvTranspose, Expand with a
+# float32's range (add_broadcast, add_size1_right/singleton_broadcast: without x64 the executor
+# refuses them, tested below), float64 constants (addconstant), ConvTranspose, Expand with a
 # run-time shape, sequences, strings and training ops.
 _BACKEND_FAST = ["pytorch-operator/test_operator_add_size1_broadcast",
                  "pytorch-operator/test_operator_selu", "simple/test_shrink",
@@ -645,6 +646,23 @@ def test_backend_model_file_matches_its_outputs(name: str):
     for a, b in zip(got, want):
       np.testing.assert_allclose(np.asarray(a, np.float64), np.asarray(b, np.float64),
                                  rtol=1e-4, atol=1e-5, err_msg=name)
+
+
+def test_backend_float64_inputs_beyond_float32_are_refused_by_name():
+  """onnx's add_broadcast feeds float64 values float32 cannot hold: without x64 the executor
+  refuses them, naming the input (it used to return infinities)."""
+  if jax.config.jax_enable_x64:
+    pytest.skip("x64 is enabled: float64 runs as float64")
+  case = _BACKEND_DATA / "pytorch-operator/test_operator_add_broadcast"
+  if not (case / "model.onnx").is_file():
+    pytest.skip("the onnx package ships no test_operator_add_broadcast")
+  model = onnx.load(str(case / "model.onnx"))
+  graph, params = onnx_io.load(model)
+  feeds = [numpy_helper.to_array(onnx.load_tensor(str(f)))
+           for f in sorted((case / "test_data_set_0").glob("input_*.pb"))]
+  with pytest.raises(errors.ShapeError, match=r"input \S+ is float64 with finite values beyond "
+                     r"float32's range"):
+    executor.run(graph, params, *feeds)
 
 
 def test_unsupported_ops_are_listed_together():

@@ -87,13 +87,21 @@ class LoweredGraph:
       if shape != s.shape:
         raise ShapeError(f"input {s.name} has shape {list(shape)}, the graph expects "
                          f"{list(s.shape)}")
-      dtype = jax.dtypes.canonicalize_dtype(s.dtype)  # int64 -> int32 unless x64 is enabled
+      dtype = jax.dtypes.canonicalize_dtype(s.dtype)  # 64 -> 32 bits unless x64 is enabled
       if dtype != s.dtype and np.issubdtype(s.dtype, np.integer):
         info = np.iinfo(dtype)
         values = np.asarray(x)
         if values.size and (values.min() < info.min or values.max() > info.max):
           raise ShapeError(f"input {s.name} is {s.dtype} with values outside {dtype} "
                            f"[{values.min()}, {values.max()}]; enable jax_enable_x64 to run it")
+      if dtype != s.dtype and np.issubdtype(s.dtype, np.floating):
+        # Finite values beyond float32's range would become infinities: refused, not run.
+        values = np.asarray(x, s.dtype)
+        big = np.abs(values[np.isfinite(values)])
+        if big.size and big.max() > np.finfo(dtype).max:
+          raise ShapeError(f"input {s.name} is {s.dtype} with finite values beyond {dtype}'s "
+                           f"range (largest magnitude {big.max():.3g}); enable jax_enable_x64 "
+                           "to run it")
       out.append(jnp.asarray(x, dtype=dtype))
     return out
 
