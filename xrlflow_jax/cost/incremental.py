@@ -88,23 +88,35 @@ def cost_base(graph: layout.Graph, *, pruned: bool = False) -> CostBase:
 def _changed_rows(parent: layout.Graph, base: CostBase, child: layout.Graph,
                   max_changed: int) -> tuple[jax.Array, tuple[jax.Array, ...], jax.Array]:
   """(int32[M] the alive slots whose own fields or FLOP operands changed, n where unused;
-  the child's FLOP operands; bool[] at most M = `max_changed` of them)."""
+  their FLOP operands in the child ([M, ...]); bool[] at most M = `max_changed` of them).
+
+  An edit writes a slot's own fields only on the slots it claims (free in the parent), and a
+  slot's FLOP operands are its own fields and its inputs' shapes, so only new slots and slots
+  whose inputs changed can differ: those (at most 2M) are compared, not all N.
+  """
   n = base.flops.shape[0]
-  old, new = base.operands, model.flop_operands(child)
-  differs = parent.nodes["param_id"] != child.nodes["param_id"]
-  for a, b in zip(old, new):  # op, input shapes and ranks, shape, attributes
-    differs = differs | jnp.any((a != b).reshape(n, -1), axis=-1)
-  dirty = child.nodes["alive"] & (differs | ~parent.nodes["alive"])
-  (idx,) = jnp.nonzero(dirty, size=max_changed, fill_value=n)
-  return idx, new, dirty.sum() <= max_changed
+  p, c = parent.nodes, child.nodes
+  touched = c["alive"] & (~p["alive"] | jnp.any(
+      layout.input_table(parent) != layout.input_table(child), axis=-1))
+  (cand,) = jnp.nonzero(touched, size=2 * max_changed, fill_value=n)
+  rows = jnp.minimum(cand, n - 1)
+  new = model.flop_operands(child, rows)
+  differs = ~p["alive"][rows]
+  for a, b in zip(base.operands, new):  # op, input shapes and ranks, shape, attributes
+    differs = differs | jnp.any((a[rows] != b).reshape(rows.shape[0], -1), axis=-1)
+  dirty = (cand < n) & differs
+  (j,) = jnp.nonzero(dirty, size=max_changed, fill_value=2 * max_changed)
+  pick = jnp.minimum(j, 2 * max_changed - 1)
+  idx = jnp.where(j < 2 * max_changed, cand[pick], n)
+  exact = (touched.sum() <= 2 * max_changed) & (dirty.sum() <= max_changed)
+  return idx, tuple(x[pick] for x in new), exact
 
 
 def _changed_flops(base: CostBase, operands: tuple[jax.Array, ...],
                    idx: jax.Array) -> jax.Array:
-  """float32[N]: the child's FLOPs, recomputed on slots `idx` (n: unused)."""
-  n = base.flops.shape[0]
-  rows = jnp.minimum(idx, n - 1)
-  fresh = jax.vmap(ops.flops_jit)(*(x[rows] for x in operands))
+  """float32[N]: the child's FLOPs, recomputed on slots `idx` (n: unused) from their
+  `operands` ([M, ...])."""
+  fresh = jax.vmap(ops.flops_jit)(*operands)
   return base.flops.at[idx].set(fresh, mode="drop")  # idx == n: fill, dropped
 
 

@@ -414,11 +414,16 @@ def distinct_constant_mb(graph: layout.Graph, table: jax.Array, live: jax.Array,
   return jnp.where(first_of_class, out_mb, 0.0)
 
 
-def flop_operands(graph: layout.Graph) -> tuple[jax.Array, ...]:
+def flop_operands(graph: layout.Graph, rows: jax.Array | None = None
+                  ) -> tuple[jax.Array, ...]:
   """What a node's FLOPs depend on, per slot: (op int32[N], input shapes int32[N, K', R],
-  input ranks int32[N, K'], shape int32[N, R], attrs int32[N, A]) with K' = max(K, 3)."""
+  input ranks int32[N, K'], shape int32[N, R], attrs int32[N, A]) with K' = max(K, 3). With
+  `rows` (int32[M], in range), those slots' ([M, ...])."""
   nd = graph.nodes
   table = layout.input_table(graph)
+  op, shape, attrs = nd["op"], nd["shape"], nd["attrs"]
+  if rows is not None:
+    table, op, shape, attrs = table[rows], op[rows], shape[rows], attrs[rows]
   safe = jnp.maximum(table, 0)
   valid = table >= 0
   k = table.shape[-1]
@@ -428,7 +433,7 @@ def flop_operands(graph: layout.Graph) -> tuple[jax.Array, ...]:
     pad = 3 - k
     in_shapes = jnp.pad(in_shapes, ((0, 0), (0, pad), (0, 0)), constant_values=1)
     in_ranks = jnp.pad(in_ranks, ((0, 0), (0, pad)))
-  return nd["op"], in_shapes, in_ranks, nd["shape"], nd["attrs"]
+  return op, in_shapes, in_ranks, shape, attrs
 
 
 def flops_all(graph: layout.Graph) -> jax.Array:
