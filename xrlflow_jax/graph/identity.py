@@ -104,9 +104,8 @@ def child_identities(parent: layout.Graph, parent_ids: jax.Array, child: layout.
   parent: an edit only claims free slots) get their Merkle identity at creation. Works on the
   new slots only (O(max_new), not O(N)): a search calls it on every candidate."""
   n = child.nodes["alive"].shape[0]
-  new = child.nodes["alive"] & ~parent.nodes["alive"]
   # Only the (at most max_new) new slots change: compute on those rows alone, not on all N.
-  (rows,) = jnp.nonzero(new, size=max_new, fill_value=n)
+  rows = layout.new_slots(parent, child, max_new)
   safe = jnp.minimum(rows, n - 1)
   sig = signatures(child, safe)  # [M, 2]
   table = layout.input_table(child)[safe]  # [M, K]

@@ -104,6 +104,15 @@ def input_table(graph: Graph) -> Any:
   return table.reshape(table.shape[:-1] + (n, -1))
 
 
+def new_slots(parent: Graph, child: Graph, size: int) -> Any:
+  """int32[size]: the slots alive in `child` but free in `parent` (the new nodes of one edit,
+  which only claims free slots), in order, padded with N. jittable and vmappable."""
+  n = parent.nodes["alive"].shape[-1]
+  (slots,) = jnp.nonzero(child.nodes["alive"] & ~parent.nodes["alive"], size=size,
+                         fill_value=n)
+  return slots
+
+
 def to_host(graph: Graph) -> Graph:
   """The same graph with every leaf a numpy array (for host-side helpers)."""
   import jax  # pylint: disable=g-import-not-at-top

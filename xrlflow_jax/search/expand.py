@@ -41,9 +41,7 @@ class Expansion:
   current: jax.Array
 
 
-# Node fields an edit writes only on the slots it claims for new nodes (`rules.edit.apply_edit`);
-# the others (aliveness, constness, output roles, levels) and the edges may change anywhere.
-_NEW_SLOT_FIELDS = ("op", "attrs", "shape", "rank", "dtype", "input_index", "param_id")
+_NEW_SLOT_FIELDS = edit_lib.NEW_SLOT_FIELDS
 _ANY_SLOT_FIELDS = tuple(f for f in layout.NODE_FIELDS if f not in _NEW_SLOT_FIELDS)
 
 
@@ -249,8 +247,7 @@ class Expander:
       else:
         cost, exact = cost_model.graph_cost(new, self.coeffs, pruned=True), jnp.asarray(True)
       child_ids = identity.child_identities(graph, ids, new, rs.max_new)
-      (slots,) = jnp.nonzero(new.nodes["alive"] & ~graph.nodes["alive"], size=rs.max_new,
-                             fill_value=n)
+      slots = layout.new_slots(graph, new, rs.max_new)
       safe = jnp.minimum(slots, n - 1)
       delta = (slots, {f: new.nodes[f][safe] for f in _NEW_SLOT_FIELDS},
                {f: new.nodes[f] for f in _ANY_SLOT_FIELDS}, new.senders, new.edges["valid"])
