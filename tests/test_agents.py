@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from xrlflow_jax import GraphBuilder, cost
+from xrlflow_jax import GraphBuilder, cost, search
 from xrlflow_jax import graph as G
 from xrlflow_jax.agents import (Agent, AgentConfig, AgentError, MaskedCategorical, PPOConfig,
                                 candidate_graphs, checkpoint, gae, make_train, summaries)
@@ -415,21 +415,24 @@ def _greedy(ruleset, graph) -> float:
 
 @pytest.mark.slow  # compiles a full training run; see README for -m slow
 def test_ppo_learns_a_cost_raising_rewrite_that_greedy_misses(env, ruleset, trainer, trained):
-  graph, _ = toy_graph()
+  graph, params = toy_graph()
   assert float(_cost(graph)) == pytest.approx(INITIAL)
   assert _greedy(ruleset, graph) == pytest.approx(INITIAL), "greedy should be stuck"
   states, history = trained
   final = states[-1]
   assert float(final.best_cost[0]) == pytest.approx(OPTIMUM)
-  # The trained policy, acting on its most likely action, walks through the cost increase.
-  _, costs = trainer.greedy_rollout(final.params, jax.random.PRNGKey(7))
-  costs = np.asarray(costs)
-  assert costs.max() > INITIAL, costs  # it accepted the temporary loss
-  assert costs[-1] == pytest.approx(OPTIMUM), costs
+  # The trained policy's own search (`search.policy`, the one inference path), acting on its
+  # most likely action only, walks through the cost increase to the optimum.
+  result = search.policy(graph, params, search.Expander(ruleset, COEFFS), agent=trainer.agent,
+                         network_params=final, env=env, num_samples=0)
+  assert result.best_cost_ms == pytest.approx(OPTIMUM)
+  path = [float(_cost(search.replay(graph, ruleset, result.rewrites[:k])))
+          for k in range(len(result.rewrites) + 1)]
+  assert max(path) > INITIAL, path  # it accepted the temporary loss
+  assert path[-1] == pytest.approx(OPTIMUM), path
   # And the sampling policy reaches the optimum in (almost) every episode by the end.
   assert history[-1]["episode_best_ratio"] == pytest.approx(OPTIMUM / INITIAL, abs=0.02)
   # The best graph comes with the rewrites that made it: replaying them rebuilds it.
-  from xrlflow_jax import search  # pylint: disable=g-import-not-at-top
   count = int(final.best_num_rewrites[0])
   rows = np.asarray(final.best_rewrites[0])
   assert count >= 2 and (rows[count:] == -1).all()

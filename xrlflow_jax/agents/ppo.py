@@ -227,7 +227,6 @@ class Trainer:
     self.init_seeds = jit(jax.vmap(self._init))
     self.run_seeds = jit(jax.vmap(self._run, in_axes=(0, None)), static_argnums=1)
     self.train_seeds = jit(jax.vmap(self._train))
-    self._greedy: dict[int, Any] = {}
 
   def __call__(self, key: jax.Array) -> tuple[RunnerState, dict[str, jax.Array]]:
     """The whole run: (final RunnerState, metrics {name: float32[num_updates]})."""
@@ -424,39 +423,6 @@ class Trainer:
 
   def _train(self, key: jax.Array):
     return self._run(self._init(key), self.config.num_updates)
-
-  # ------------------------------------------------------------------ evaluation
-  def greedy_rollout(self, params: Any, key: jax.Array, steps: int | None = None):
-    """Runs the policy's most likely action from a fresh reset of the unwrapped environment.
-
-    Returns (final env State, costs float32[steps + 1]); the episode stops at its LAST step
-    (later steps keep the final state). Jit-compiled; for evaluation and tests.
-    """
-    steps = steps or self.env.horizon
-    if steps not in self._greedy:
-      self._greedy[steps] = self.jit(self._greedy_fn(steps))
-    return self._greedy[steps](params, key)
-
-  def _greedy_fn(self, steps: int):
-    env = self.env
-
-    def run(params, key):
-      state, ts = env.reset(key)
-
-      def body(carry, _):
-        state, obs, done = carry
-        logits, _ = self.agent.apply(params, obs)
-        action = MaskedCategorical(logits, obs.action_mask).mode()
-        new_state, ts = env.step(state, action)
-        state = jax.tree_util.tree_map(lambda a, b: jnp.where(done, a, b), state, new_state)
-        obs = jax.tree_util.tree_map(lambda a, b: jnp.where(done, a, b), obs, ts.observation)
-        return (state, obs, done | ts.last()), state.cost
-
-      (state, _, _), costs = jax.lax.scan(body, (state, ts.observation, jnp.asarray(False)), None,
-                                          steps)
-      return state, jnp.concatenate([state.initial_cost[None], costs])
-
-    return run
 
 
 def make_train(config: PPOConfig, env: GraphRewriteEnv, agent: Agent,

@@ -26,6 +26,46 @@ CostFn = Callable[[layout.Graph], jax.Array]  # graph -> float32[] (jittable)
 NodeCostFn = Callable[[layout.Graph], jax.Array]  # graph -> float32[N] (jittable)
 
 
+def removed_cost(ruleset: RuleSet, costs: jax.Array, nodes: jax.Array) -> jax.Array:
+  """Sum of the node costs (float32[N]) of the source ops each candidate removes: float32[R, L].
+
+  `nodes`: int32[R, L, P], the candidates' bound nodes (`RuleSetMatch.nodes`; -1 where unbound).
+  """
+  out = []
+  for r, c in enumerate(ruleset.compiled):
+    cols = [c.num_vars + j for j, s in enumerate(c.rule.src) if not s.keep]
+    ids = nodes[r][:, cols]  # [L, removed]
+    out.append(jnp.where(ids >= 0, costs[jnp.maximum(ids, 0)], 0.0).sum(-1))
+  return jnp.stack(out).astype(jnp.float32)
+
+
+def observe(ruleset: RuleSet, graph: layout.Graph, mask: jax.Array, nodes: jax.Array,
+            step_count: jax.Array, *, node_cost_fn: NodeCostFn | None = None,
+            delta: jax.Array | None = None) -> Observation:
+  """The agent's observation of `graph`: the one builder, used by the environment and by the
+  policy search driver (`search.policy`), so a policy sees at inference what it was trained on.
+
+  Args:
+    mask: bool[R, L] valid candidates; nodes: int32[R, L, P] their bound nodes.
+    step_count: int32[] steps taken in the episode.
+    node_cost_fn: graph -> float32[N]; when given, the observation carries the node costs and
+      each candidate's `candidate_removed_cost` (else zeros and None).
+    delta: float32[R, L] each candidate's exact cost change (0 where invalid), or None for zeros.
+  Jittable. The action mask is bool[R * L + 1], its last entry the stop action.
+  """
+  r, l = mask.shape
+  action_mask = jnp.concatenate([mask.reshape(-1), jnp.ones([1], bool)])
+  costs = None
+  removed = jnp.zeros([r, l], jnp.float32)
+  if node_cost_fn is not None:
+    costs = jnp.asarray(node_cost_fn(graph), jnp.float32)
+    removed = removed_cost(ruleset, costs, nodes)
+  delta = jnp.zeros([r, l], jnp.float32) if delta is None else delta.astype(jnp.float32)
+  return Observation(graph=graph, action_mask=action_mask, candidate_nodes=nodes,
+                     candidate_removed_cost=removed, candidate_delta=delta,
+                     step_count=jnp.asarray(step_count, jnp.int32), node_costs=costs)
+
+
 class EnvError(XrlflowError):
   """An environment built from graphs that cannot share a batch, or a bad configuration."""
 
@@ -102,29 +142,9 @@ class GraphRewriteEnv:
 
   # ------------------------------------------------------------------ dynamics
   def _observe(self, graph, match, cost, step_count) -> Observation:
-    mask = jnp.concatenate([match.mask.reshape(-1), jnp.ones([1], bool)])
-    r, l = match.mask.shape
-    costs = None
-    if self.node_cost_fn is not None:
-      costs = jnp.asarray(self.node_cost_fn(graph), jnp.float32)
-      removed = self._removed_cost(costs, match)
-    else:
-      removed = jnp.zeros([r, l], jnp.float32)
-    delta = self._candidate_delta(graph, match, cost) if self.exact_candidate_delta else \
-        jnp.zeros([r, l], jnp.float32)
-    return Observation(graph=graph, action_mask=mask, candidate_nodes=match.nodes,
-                       candidate_removed_cost=removed, candidate_delta=delta,
-                       step_count=step_count, node_costs=costs)
-
-  def _removed_cost(self, costs: jax.Array, match) -> jax.Array:
-    """Sum of current node costs of the source ops each candidate removes: float32[R, L]."""
-    out = []
-    for c in self.ruleset.compiled:
-      v = c.num_vars
-      cols = [v + j for j, s in enumerate(c.rule.src) if not s.keep]
-      ids = match.nodes[len(out)][:, cols]  # [L, removed]
-      out.append(jnp.where(ids >= 0, costs[jnp.maximum(ids, 0)], 0.0).sum(-1))
-    return jnp.stack(out)
+    delta = self._candidate_delta(graph, match, cost) if self.exact_candidate_delta else None
+    return observe(self.ruleset, graph, match.mask, match.nodes, step_count,
+                   node_cost_fn=self.node_cost_fn, delta=delta)
 
   def _candidate_delta(self, graph, match, cost) -> jax.Array:
     """Exact modelled cost change of every candidate: float32[R, L] (0 where invalid)."""

@@ -11,7 +11,7 @@ import numpy as np
 
 from xrlflow_jax.agents.distributions import MaskedCategorical
 from xrlflow_jax.agents.networks import Agent
-from xrlflow_jax.env import GraphRewriteEnv
+from xrlflow_jax.env import GraphRewriteEnv, observe
 from xrlflow_jax.env.types import Observation
 from xrlflow_jax.graph import layout
 from xrlflow_jax.graph.params import ParamStore
@@ -62,9 +62,10 @@ _SHAPES: IdentityCache[list[tuple[int, ...]]] = IdentityCache()
 class _PolicyNet:
   """The policy's log-probabilities for one graph, from the Expander's expansion of it.
 
-  The observation is built as the environment builds it (`GraphRewriteEnv._observe`): the mask
-  of valid candidates (plus stop), their bound nodes, the current node costs of the nodes each
-  removes, and (when the env was trained with `exact_candidate_delta`) their exact cost change.
+  The observation is the environment's (`env.observe`, one builder for both): the mask of valid
+  candidates (plus stop), their bound nodes, the node costs and those of the nodes each
+  candidate removes, and (when the env was trained with `exact_candidate_delta`) each
+  candidate's exact cost change, here taken from the expansion's exact costs.
   Jitted once per (agent, capacity); the expansion itself is the Expander's compiled one, so the
   policy adds only the network to compile.
   """
@@ -75,29 +76,14 @@ class _PolicyNet:
     self.exact = exact
     self.fn = jax.jit(self._log_probs)
 
-  def _removed_cost(self, graph: layout.Graph, nodes: jax.Array) -> jax.Array:
-    rs = self.agent.ruleset
-    if self.node_cost_fn is None:
-      return jnp.zeros(nodes.shape[:2], jnp.float32)
-    costs = self.node_cost_fn(graph)
-    out = []
-    for r, c in enumerate(rs.compiled):
-      cols = [c.num_vars + j for j, s in enumerate(c.rule.src) if not s.keep]
-      ids = nodes[r][:, cols]  # [L, removed]
-      out.append(jnp.where(ids >= 0, costs[jnp.maximum(ids, 0)], 0.0).sum(-1))
-    return jnp.stack(out).astype(jnp.float32)
-
   def observation(self, graph: layout.Graph, valid: jax.Array, nodes: jax.Array,
                   cand_cost: jax.Array, current: jax.Array, step: jax.Array) -> Observation:
     """The environment's observation of `graph` from its expansion (jittable)."""
     r, l = nodes.shape[:2]
-    mask = jnp.concatenate([valid, jnp.ones([1], bool)])
-    delta = jnp.where(valid, cand_cost - current, 0.0).reshape(r, l) if self.exact else \
-        jnp.zeros([r, l], jnp.float32)
-    return Observation(graph=graph, action_mask=mask, candidate_nodes=nodes,
-                       candidate_removed_cost=self._removed_cost(graph, nodes),
-                       candidate_delta=delta.astype(jnp.float32),
-                       step_count=jnp.asarray(step, jnp.int32))
+    mask = valid.reshape(r, l)
+    delta = jnp.where(valid, cand_cost - current, 0.0).reshape(r, l) if self.exact else None
+    return observe(self.agent.ruleset, graph, mask, nodes, step,
+                   node_cost_fn=self.node_cost_fn, delta=delta)
 
   def init(self, key: jax.Array, graph: layout.Graph, exp: Any) -> Any:
     """Fresh network parameters (untrained) from the observation of `graph`."""
