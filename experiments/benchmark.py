@@ -36,8 +36,12 @@ from typing import Any
 from absl import app, flags
 
 from experiments.configs import ppo as ppo_configs
+from xrlflow_jax import cost
+from xrlflow_jax import graph as G
 from xrlflow_jax import workflow
 from xrlflow_jax.errors import XrlflowError
+from xrlflow_jax.harness import benchmark as B
+from xrlflow_jax.harness import machine
 
 _MODELS = flags.DEFINE_list("models", [], "Zoo names, ONNX paths or ../shared/models stems "
                             "(default: every zoo model and every ../shared/models file).")
@@ -124,8 +128,6 @@ COLUMNS = [("model", "model", ""), ("nodes_in", "nodes", ""), ("env_steps_per_s"
 
 def benchmark_model(spec, ruleset, coeffs, methods: list[str]) -> list[dict[str, Any]]:
   """Every method on one model; rows for the report (original first)."""
-  from xrlflow_jax import benchmarking as B  # pylint: disable=g-import-not-at-top
-  from xrlflow_jax import graph as G  # pylint: disable=g-import-not-at-top
   cap = _opt("capacity")
   loaded, = workflow.load_many([spec], capacity=cap if cap > 0 else None, seed=_SEED.value)
   graph, params = loaded.graph, loaded.params
@@ -159,7 +161,7 @@ def benchmark_model(spec, ruleset, coeffs, methods: list[str]) -> list[dict[str,
     print(f"  {method}: modelled {out.modelled_cost:.4f} ms in {out.seconds:.1f}s "
           f"{out.note}", flush=True)
     outcomes.append(out)
-  measured = B.measure_side_by_side(
+  measured = B.measure_outcomes(
       graph, params, [o.graph for o in outcomes], rounds=_opt("rounds"),
       repeats_per_round=_opt("repeats_per_round"))
   base = {"model": spec.label, "nodes_in": G.num_nodes(graph),
@@ -169,8 +171,6 @@ def benchmark_model(spec, ruleset, coeffs, methods: list[str]) -> list[dict[str,
 
 def main(argv: list[str]) -> None:
   del argv
-  from xrlflow_jax import benchmarking as B  # pylint: disable=g-import-not-at-top
-  from xrlflow_jax import cost  # pylint: disable=g-import-not-at-top
   methods = [m.strip() for m in _METHODS.value if m.strip()]
   unknown = [m for m in methods if m not in B.METHODS]
   if unknown:
@@ -183,7 +183,7 @@ def main(argv: list[str]) -> None:
   out_dir.mkdir(parents=True, exist_ok=True)
   coeffs = cost.load_coefficients(path=_COEFFS.value or None)
   ruleset = B.make_ruleset(_opt("rules"), _opt("max_locations"))
-  header = (f"# xrlflow_jax benchmark\n\n{B.machine_header()}\n- rules: {len(ruleset)} x "
+  header = (f"# xrlflow_jax benchmark\n\n{machine.machine_header()}\n- rules: {len(ruleset)} x "
             f"{ruleset.max_locations} locations; budgets: {search_options()}, ppo "
             f"{_opt('ppo_timesteps')} steps (horizon {_opt('ppo_horizon')}); timing: "
             f"{_opt('rounds')} interleaved rounds x {_opt('repeats_per_round')} runs")

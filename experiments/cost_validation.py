@@ -3,7 +3,7 @@ r"""Validates the in-graph cost model against measured XLA latency on rewritten 
 For each model: random variants from random valid rewrite sequences of the built-in rules, and
 one-step neighbours of the original, all measured end to end side by side with the original and
 costed by the model; reports Spearman rank correlation and sign accuracy (see
-`xrlflow_jax.cost.validate`). Every graph is measured in `--passes` independent passes (each
+`xrlflow_jax.harness.cost_validation`). Every graph is measured in `--passes` independent passes (each
 compiles it afresh); the agreement of the passes with each other ("retest Spearman", and the
 Spearman-Brown "ceiling" of their average) says how far any cost model could rank these
 variants on this machine, since separately compiled copies of one graph differ by a few
@@ -26,9 +26,10 @@ from xrlflow_jax import models
 from xrlflow_jax.cost import fit as fit_lib
 from xrlflow_jax.cost import latency
 from xrlflow_jax.cost import model as cost_model
-from xrlflow_jax.cost import validate
+from xrlflow_jax.harness import cost_validation as validate
+from xrlflow_jax.harness import machine
 from xrlflow_jax.cost.profiler import ProfileCache
-from xrlflow_jax.cost.variants import RewriteWalker, load_model
+from xrlflow_jax.harness.variants import RewriteWalker, load_model
 
 _MODELS = flags.DEFINE_list("models", ["bert", "resnet18"], "Zoo models, or 'all'.")
 _SIZE = flags.DEFINE_enum("size", "tiny", list(models.SIZES), "Zoo model size.")
@@ -91,17 +92,17 @@ def main(argv: list[str]) -> None:
     if _OUT.value:  # after every model, so a long run that is stopped keeps what it measured
       _write(_OUT.value, results, coeffs)
   print()
-  print(validate.markdown(results, validate.machine_description(_BACKEND.value)))
+  print(validate.markdown(results, machine.machine_description(_BACKEND.value)))
   if _OUT.value:
     print(f"wrote {_OUT.value}")
 
 
 def _write(path: str, results: list[validate.ModelValidation],
            coeffs: cost_model.CostCoefficients) -> None:
-  machine = validate.machine_description(_BACKEND.value)
+  described = machine.machine_description(_BACKEND.value)
   Path(path).write_text(json.dumps(
-      {"machine": machine, "coefficients": coeffs.to_json(),
-       "markdown": validate.markdown(results, machine),
+      {"machine": described, "coefficients": coeffs.to_json(),
+       "markdown": validate.markdown(results, described),
        "models": [r.to_json() for r in results]}, indent=1, default=str))
 
 

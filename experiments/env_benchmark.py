@@ -20,7 +20,7 @@ from absl import app, flags
 from xrlflow_jax import cost, models
 from xrlflow_jax import graph as G
 from xrlflow_jax.env import GraphRewriteEnv
-from xrlflow_jax.env import benchmark as bench
+from xrlflow_jax.harness import env_benchmark as bench
 from xrlflow_jax.rules import RuleSet
 from xrlflow_jax.rules.library import builtin_rules
 

@@ -38,8 +38,12 @@ from typing import Any
 from absl import app, flags
 
 from experiments.configs import ppo as ppo_configs
+from xrlflow_jax import cost
+from xrlflow_jax import graph as G
 from xrlflow_jax import workflow
 from xrlflow_jax.errors import XrlflowError
+from xrlflow_jax.harness import benchmark as B
+from xrlflow_jax.harness import machine
 
 _TRAIN = flags.DEFINE_list("train_models", ["squeezenet1_1", "resnet18"],
                            "Models PPO trains on (zoo names, ONNX paths, shared stems).")
@@ -122,8 +126,6 @@ def eval_specs(train_specs, size: str) -> list[tuple[Any, str]]:
 def evaluate_graph(policy, spec, seen: str, graph, params, coeffs) -> list[dict[str, Any]]:
   """Baselines and the policy on one graph, measured side by side: report rows."""
   import time  # pylint: disable=g-import-not-at-top
-  from xrlflow_jax import benchmarking as B  # pylint: disable=g-import-not-at-top
-  from xrlflow_jax import graph as G  # pylint: disable=g-import-not-at-top
   ruleset = policy.run.ruleset
   original = B.Outcome("original", graph, B.modelled_cost(graph, coeffs))
   outcomes = []
@@ -152,9 +154,6 @@ def evaluate_graph(policy, spec, seen: str, graph, params, coeffs) -> list[dict[
 
 def main(argv: list[str]) -> None:
   del argv
-  from xrlflow_jax import benchmarking as B  # pylint: disable=g-import-not-at-top
-  from xrlflow_jax import cost  # pylint: disable=g-import-not-at-top
-  from xrlflow_jax import graph as G  # pylint: disable=g-import-not-at-top
   size = _opt("size")
   out_dir = Path(_OUTPUT.value)
   out_dir.mkdir(parents=True, exist_ok=True)
@@ -171,7 +170,7 @@ def main(argv: list[str]) -> None:
   coeffs = cost.load_coefficients(path=_COEFFS.value or None)
   ruleset = B.make_ruleset(_opt("rules"), _opt("max_locations"))
   capacity = G.capacity(train_loaded[0][0])
-  header = (f"# xrlflow_jax generalisation\n\n{B.machine_header()}\n- every graph at capacity "
+  header = (f"# xrlflow_jax generalisation\n\n{machine.machine_header()}\n- every graph at capacity "
             f"{capacity}; rules: {len(ruleset)} x {ruleset.max_locations} locations; greedy "
             f"{_opt('greedy_steps')} steps, taso budget {_opt('taso_budget')}; timing: "
             f"{_opt('rounds')} interleaved rounds x {_opt('repeats_per_round')} runs")

@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 from absl import app, flags
 
-from xrlflow_jax import benchmarking as B
+from xrlflow_jax.harness import machine
 from xrlflow_jax import cost, measure, search, workflow
 
 _MODELS = flags.DEFINE_list("models", ["squeezenet1_1", "resnet18"], "Zoo models or .onnx files.")
@@ -86,7 +86,7 @@ def main(argv: list[str]) -> None:
     measure.check_settings(_ROUNDS.value, _REPEATS.value)
   except measure.MeasurementError as e:
     raise app.UsageError(str(e)) from None
-  print(B.machine_header(), flush=True)
+  print(machine.machine_header(), flush=True)
   print(f"- verdict: {measure.LEVEL:.0%} bootstrap interval over {_ROUNDS.value} rounds x "
         f"{_REPEATS.value} runs, an identical copy as control", flush=True)
   coeffs = cost.load_coefficients()
@@ -107,7 +107,7 @@ def main(argv: list[str]) -> None:
   lo, hi = wilson(total, n)
   print(f"all: {total}/{n} false positives ({100 * total / max(n, 1):.1f}%, 95% CI "
         f"{100 * lo:.1f}-{100 * hi:.1f}%)")
-  Path(_OUTPUT.value).write_text(json.dumps({"machine": B.machine_info(), "rounds":
+  Path(_OUTPUT.value).write_text(json.dumps({"machine": machine.machine_info(), "rounds":
                                              _ROUNDS.value, "repeats_per_round": _REPEATS.value,
                                              "series": results, "false_positives": total,
                                              "runs": n}, indent=2) + "\n")

@@ -19,7 +19,7 @@ from absl import app, flags
 from xrlflow_jax import graph as G
 from xrlflow_jax import models
 from xrlflow_jax.rules import RuleSet
-from xrlflow_jax.rules import benchmark as bench
+from xrlflow_jax.harness import rewrite_benchmark as bench
 from xrlflow_jax.rules.library import builtin_rules
 
 _SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "models"

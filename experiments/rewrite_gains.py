@@ -2,7 +2,7 @@ r"""The table "which rewrites pay under XLA": every rule at all its locations, m
 
 For each zoo model and each built-in rule that fires on it, the rule is applied at all of its
 locations in the original graph and the rewritten graph is measured side by side with the
-original (see `xrlflow_jax.cost.gains`); the table gives after / before ratios per rule and model
+original (see `xrlflow_jax.harness.rewrite_gains`); the table gives after / before ratios per rule and model
 and a per-rule summary, with the cost model's predicted ratio beside each.
 
     python -m experiments.rewrite_gains                            # a few minutes: tiny models
@@ -18,11 +18,11 @@ from pathlib import Path
 from absl import app, flags
 
 from xrlflow_jax import models
-from xrlflow_jax.cost import gains
+from xrlflow_jax.harness import rewrite_gains as gains
 from xrlflow_jax.cost import latency
 from xrlflow_jax.cost import model as cost_model
-from xrlflow_jax.cost import validate
-from xrlflow_jax.cost.variants import RewriteWalker, load_model
+from xrlflow_jax.harness import machine
+from xrlflow_jax.harness.variants import RewriteWalker, load_model
 
 _MODELS = flags.DEFINE_list("models", ["bert", "resnet18", "squeezenet1_1"],
                             "Zoo models, or 'all'.")
@@ -63,10 +63,10 @@ def main(argv: list[str]) -> None:
                                 min_round_ms=_MIN_ROUND_MS.value, passes=_PASSES.value,
                                 backend=_BACKEND.value)
   print()
-  print(gains.markdown(rows, validate.machine_description(_BACKEND.value)))
+  print(gains.markdown(rows, machine.machine_description(_BACKEND.value)))
   if _OUT.value:
     Path(_OUT.value).write_text(json.dumps(
-        {"machine": validate.machine_description(_BACKEND.value),
+        {"machine": machine.machine_description(_BACKEND.value),
          "rows": [dataclasses.asdict(r) for r in rows]}, indent=1))
     print(f"wrote {_OUT.value}")
 

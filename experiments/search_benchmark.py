@@ -20,7 +20,7 @@ from absl import app, flags
 
 from xrlflow_jax import compilation_cache
 from xrlflow_jax import optimize as opt
-from xrlflow_jax.search import benchmark as bench
+from xrlflow_jax.harness import search_benchmark as bench
 
 _SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "models"
 _DEFAULT_MODELS = [str(_SHARED / f) for f in ("squeezenet1_1.onnx", "bert_base.onnx",

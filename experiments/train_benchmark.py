@@ -12,7 +12,7 @@ For each head and batch size (environments per rollout) it compiles one PPO upda
 of time and times `updates` calls. steps/s = batch * num_steps / (median seconds per update).
 Epochs default to the training config's (2; the issue-14 "before" figures used 4:
 --update_epochs=4).
---variants times several learners interleaved in one process (`xrlflow_jax.agents.benchmark`:
+--variants times several learners interleaved in one process (`xrlflow_jax.harness.train_benchmark`:
 "after" is the library's learner, "before" the one before issue 14's changes) and --profile
 adds, per variant, milliseconds per batched call of each part (environment step, node costs,
 agent inputs, encoder, local head, value, forward pass, gradient of the PPO loss over `batch`
@@ -26,14 +26,13 @@ With --memory_locations it also reports XLA's memory estimate of the compiled up
 from __future__ import annotations
 
 import datetime
-import os
-import platform
 
 import jax
 from absl import app, flags
 
 from xrlflow_jax import graph as G
-from xrlflow_jax.agents import benchmark as bench
+from xrlflow_jax.harness import train_benchmark as bench
+from xrlflow_jax.harness import machine
 from xrlflow_jax.agents import runs
 
 from experiments.configs import ppo as ppo_configs
@@ -123,12 +122,10 @@ def _memory(locations: int, batch: int) -> dict:
 
 def main(argv: list[str]) -> None:
   del argv
-  dev = jax.devices()[0]
   epochs = _config(_HEADS.value[0], 16).ppo.update_epochs
   print(f"{_MODEL.value} ({_SIZE.value}); GNN {_LAYERS.value} x {_HIDDEN.value}; "
         f"{_STEPS.value} steps/update, {epochs} epochs x {_MINIBATCHES.value} "
-        f"minibatches; {dev.platform} ({dev.device_kind}) x {len(jax.devices())}, "
-        f"{platform.machine()}, {os.cpu_count()} CPUs; {datetime.date.today()}", flush=True)
+        f"minibatches; {machine.machine_description()}; {datetime.date.today()}", flush=True)
   rows = []
   for head in _HEADS.value:
     for batch in (int(b) for b in _BATCHES.value):

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from absl import app, flags
 
-from xrlflow_jax import models, report
+from xrlflow_jax import models
+from xrlflow_jax.harness import zoo_summary as report
 
 _MODELS = flags.DEFINE_list("models", ["resnet18"], "Zoo models to summarise, or 'all'.")
 _SIZE = flags.DEFINE_enum("size", "default", ["default", "tiny"], "Model size.")

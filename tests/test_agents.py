@@ -261,7 +261,8 @@ def test_gat_layer_equals_the_per_edge_formulation():
   slot terms broadcast, the backward direction's per-producer constant terms folded) is the
   per-edge formulation's function: same parameters, same outputs."""
   from xrlflow_jax.agents import encoder_inputs  # pylint: disable=g-import-not-at-top
-  from xrlflow_jax.agents import benchmark, networks  # pylint: disable=g-import-not-at-top
+  from xrlflow_jax.agents import networks
+  from xrlflow_jax.harness import train_benchmark as benchmark  # pylint: disable=g-import-not-at-top
   graph = _shared_input_graph()
   n, k, hid = G.capacity(graph), G.max_inputs(graph), 16
   costs = jnp.where(graph.nodes["alive"], jnp.linspace(0.1, 1.0, n), 0.0)

@@ -205,7 +205,7 @@ def _fuzz(tmp_path: Path, capsys, monkeypatch, *, shapes: int, mutations: int, s
           ) -> dict[str, int]:
   from xrlflow_jax import optimize as opt  # pylint: disable=g-import-not-at-top
   # The same verdict on every machine: the 7 GiB model is refused as on an 8 GiB one.
-  monkeypatch.setattr(opt, "device_memory_bytes", lambda: 8 * 2**30)
+  monkeypatch.setattr(opt.checks, "device_memory_bytes", lambda: 8 * 2**30)
   rng = random.Random(seed)
   counts: collections.Counter[str] = collections.Counter()
   good = _cnn(tmp_path / "good.onnx")

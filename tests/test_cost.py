@@ -12,15 +12,15 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from xrlflow_jax import errors, models
+from xrlflow_jax import errors, measure, models
 from xrlflow_jax import graph as G
 from xrlflow_jax.cost import __main__ as cli
 from xrlflow_jax.cost import fit as fit_lib
 from xrlflow_jax.cost import latency
 from xrlflow_jax.cost import model as M
 from xrlflow_jax.cost import profiler as P
-from xrlflow_jax.cost import validate as V
 from xrlflow_jax.graph import layout
+from xrlflow_jax.harness import cost_validation as V
 
 
 # Every test graph has this capacity, and the jitted functions are shared, so the cost model
@@ -237,11 +237,11 @@ def test_nnls_and_fit_recover_known_coefficients():
 
 
 def test_spearman():
-  assert V.spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
-  assert V.spearman([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
-  np.testing.assert_allclose(V.rankdata([3, 1, 3, 2]), [3.5, 1, 3.5, 2])
-  assert V.spearman([1, 2, 3, 4, 5], [2, 1, 4, 3, 5]) == pytest.approx(0.8)
-  assert np.isnan(V.spearman([1, 1, 1], [1, 2, 3]))
+  assert measure.spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
+  assert measure.spearman([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
+  np.testing.assert_allclose(measure.rankdata([3, 1, 3, 2]), [3.5, 1, 3.5, 2])
+  assert measure.spearman([1, 2, 3, 4, 5], [2, 1, 4, 3, 5]) == pytest.approx(0.8)
+  assert np.isnan(measure.spearman([1, 1, 1], [1, 2, 3]))
 
 
 def test_agreement_statistics():
@@ -354,7 +354,7 @@ def test_cli_profile(tmp_path, capsys):
 def test_measure_side_by_side_ratios():
   # Variants share the reference's weights; a copy of the reference measures close to 1.
   small, params, _ = _mlp(hidden=16)
-  res = V.measure_side_by_side(small, [small], params, rounds=3, min_round_ms=2.0)
+  res = measure.measure_side_by_side(small, [small], params, rounds=3, min_round_ms=2.0)
   assert res.ratio.shape == (1,) and 0.5 < res.ratio[0] < 2.0 and res.reference_ms > 0
   assert res.latency_ms[0] == pytest.approx(res.ratio[0] * res.reference_ms)
 
@@ -362,7 +362,7 @@ def test_measure_side_by_side_ratios():
 @pytest.mark.slow
 def test_apply_everywhere_and_walks():
   from xrlflow_jax import executor  # pylint: disable=g-import-not-at-top
-  from xrlflow_jax.cost import gains, variants  # pylint: disable=g-import-not-at-top
+  from xrlflow_jax.harness import rewrite_gains as gains, variants  # pylint: disable=g-import-not-at-top
   from xrlflow_jax.rules.library import merge  # pylint: disable=g-import-not-at-top
   walker = variants.RewriteWalker(
       [merge.merge_matmul_shared_input(3), merge.merge_matmul_shared_input(2),
@@ -385,7 +385,7 @@ def test_apply_everywhere_and_walks():
 @pytest.fixture(scope="module")
 def qkv_walker():
   """Three merge rules at capacity 32: the rewrite engine compiles in seconds."""
-  from xrlflow_jax.cost import variants  # pylint: disable=g-import-not-at-top
+  from xrlflow_jax.harness import variants  # pylint: disable=g-import-not-at-top
   from xrlflow_jax.rules.library import merge  # pylint: disable=g-import-not-at-top
   return variants.RewriteWalker(
       [merge.merge_matmul_shared_input(3), merge.merge_matmul_shared_input(2),
@@ -408,7 +408,7 @@ def test_validate_model_two_passes_end_to_end(qkv_walker):
 
 
 def test_rewrite_gains_passes(qkv_walker):
-  from xrlflow_jax.cost import gains  # pylint: disable=g-import-not-at-top
+  from xrlflow_jax.harness import rewrite_gains as gains  # pylint: disable=g-import-not-at-top
   graph = _qkv(False, 16, 64)
   rows = gains.rewrite_gains(graph, _qkv_params(16, 64), model="qkv", walker=qkv_walker,
                              coeffs=M.load_coefficients("cpu"), rounds=2, min_round_ms=2.0,

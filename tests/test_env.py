@@ -152,7 +152,7 @@ def test_truncation_keeps_discount_and_invalid_action_is_flagged(pool):
   r, loc = divmod(valid, env.ruleset.max_locations)
   assert int(state2.num_rewrites) == 0 and int(state3.num_rewrites) == 1
   row = np.asarray(state3.rewrites)
-  assert row.shape == (2, 2 + env.ruleset.num_slots) and (row[1] == -1).all()
+  assert row.shape == (2, 2 + env.ruleset.num_bound) and (row[1] == -1).all()
   np.testing.assert_array_equal(row[0], [r, loc, *np.asarray(state2.match.nodes)[r, loc]])
   np.testing.assert_array_equal(np.asarray(ts3.extras["rewrites"]), row)
 
@@ -198,7 +198,7 @@ def test_exact_candidate_delta_matches_applying(pool):
 
 
 def test_benchmark_policy_only_takes_valid_actions():
-  from xrlflow_jax.env.benchmark import random_valid_action  # pylint: disable=g-import-not-at-top
+  from xrlflow_jax.harness.env_benchmark import random_valid_action  # pylint: disable=g-import-not-at-top
   masks = np.random.default_rng(0).random((64, 9)) < 0.3
   masks[:, -1] = True  # stop is always valid
   keys = jax.random.split(jax.random.PRNGKey(0), 64)

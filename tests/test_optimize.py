@@ -222,8 +222,8 @@ def test_numerics_failure_writes_nothing(tmp_path, monkeypatch):
   check = opt.check_numerics(loaded.graph, loaded.graph, loaded.params)
   assert check.passed and check.max_abs_error == 0.0 and check.outputs == 1
   found = opt.Found(loaded.graph, 1.0, 2.0, [], "greedy", {})
-  monkeypatch.setattr(opt, "run_search", lambda *a, **k: found)
-  monkeypatch.setattr(opt, "check_numerics",
+  monkeypatch.setattr(opt.methods, "run_search", lambda *a, **k: found)
+  monkeypatch.setattr(opt.pipeline, "check_numerics",
                       lambda *a, **k: opt.NumericsCheck(0.5, 0.5, 1, 1e-3, False))
   out = tmp_path / "out"
   with pytest.raises(opt.NumericsError, match="nothing was written"):

@@ -92,7 +92,7 @@ def test_costs_equal_applying_each_candidate(toy, ruleset, expander):
   exp = expander.costs(graph)
   valid, costs = np.asarray(exp.valid), np.asarray(exp.cost)
   assert valid.shape == costs.shape == (ruleset.num_actions,)
-  assert exp.nodes.shape == (len(ruleset), ruleset.max_locations, ruleset.num_slots)
+  assert exp.nodes.shape == (len(ruleset), ruleset.max_locations, ruleset.num_bound)
   assert float(exp.current) == pytest.approx(INITIAL)
   assert valid.sum() >= 2 and np.isinf(costs[~valid]).all()
   for a in np.flatnonzero(valid):
@@ -401,7 +401,7 @@ def test_clear_errors(toy, ruleset, expander):
   batch = jax.tree_util.tree_map(lambda x: np.stack([x, x]), graph)
   with pytest.raises(search.SearchError, match="one graph"):
     search.greedy(batch, params, expander)
-  bad = [search.RewriteStep("concat_of_slices", 0, 0, (0,) * ruleset.num_slots)]
+  bad = [search.RewriteStep("concat_of_slices", 0, 0, (0,) * ruleset.num_bound)]
   with pytest.raises(search.SearchError, match="not rule"):
     search.replay(graph, ruleset, bad)
   res = search.taso(graph, params, expander, budget=8, alpha=1.2)
@@ -434,9 +434,9 @@ def test_taso_beats_greedy_on_squeezenet_fire_modules():
 
 
 def test_search_benchmark_times_cold_and_warm_calls(toy):
-  """`search.benchmark.time_search` (the search-speed benchmark's core): two calls, the same
+  """`harness.search_benchmark.time_search` (the search-speed benchmark's core): two calls, the same
   graph, compile charged to the first, a table with TASO's reference where the model has one."""
-  from xrlflow_jax.search import benchmark as bench  # pylint: disable=g-import-not-at-top
+  from xrlflow_jax.harness import search_benchmark as bench  # pylint: disable=g-import-not-at-top
   graph, params = toy
   row = bench.time_search("squeezenet-toy", graph, params, coeffs=COEFFS, budget=4, alpha=1.2)
   assert row.expansions >= 1 and row.warm_seconds > 0 and row.cold_seconds >= row.warm_seconds

@@ -9,7 +9,12 @@ for a graph-only ONNX file (e.g. ../shared/models/...). Override any field on th
 
 from __future__ import annotations
 
+import dataclasses
+
 import ml_collections
+
+from xrlflow_jax.agents.networks import AgentConfig
+from xrlflow_jax.agents.ppo import PPOConfig
 
 # Rules that act on most zoo models; the `test` config uses a subset.
 DEFAULT_RULES = (
@@ -43,38 +48,9 @@ def get_config(arg: str = "test") -> ml_collections.ConfigDict:
   c.env.exact_candidate_delta = False
   c.env.cost_coefficients = ""  # a JSON file; "" = the shipped fit for the default device
 
-  c.agent = ml_collections.ConfigDict()
-  c.agent.head = "local"
-  c.agent.hidden = 64
-  c.agent.layers = 5
-  c.agent.heads = 4
-  c.agent.remat = False  # recompute GNN activations in backward (use with head=candidates)
-  # head=candidates: valid candidates compacted into this many slots (0: R * L, every one).
-  c.agent.max_candidates = 0
-
-  c.ppo = ml_collections.ConfigDict()
-  c.ppo.num_envs = 16
-  c.ppo.num_steps = 32
-  c.ppo.total_timesteps = 16 * 32 * 200
-  # Two passes over each rollout, not PPOConfig's four: on this 2-core CPU the gradient is most
-  # of an update. In a short training comparison (`experiments.train` on tiny BERT, the 21
-  # default rules, 16 updates of 16 x 16 steps, 2 seeds each; runs one after the other on the
-  # loaded 2-core machine, 2026-12-01) 2 epochs reached training's best graph in every episode
-  # of the last 4 updates (episode best ratio 0.9406 / 0.9406) where 4 epochs got 0.9450 /
-  # 0.9428 (both found the same best graph, 0.9406), in 0.40x the wall time (387 s vs 976 s,
-  # compiles included).
-  c.ppo.update_epochs = 2
-  c.ppo.num_minibatches = 4
-  c.ppo.gamma = 0.99
-  c.ppo.gae_lambda = 0.95
-  c.ppo.learning_rate = 5e-4
-  c.ppo.anneal_lr = False
-  c.ppo.clip_eps = 0.2
-  c.ppo.clip_value = True
-  c.ppo.ent_coef = 0.01
-  c.ppo.vf_coef = 0.5
-  c.ppo.max_grad_norm = 0.5
-  c.ppo.normalize_advantages = True
+  # The agent's and PPO's settings are their dataclasses' defaults (the single source).
+  c.agent = ml_collections.ConfigDict(dataclasses.asdict(AgentConfig()))
+  c.ppo = ml_collections.ConfigDict(dataclasses.asdict(PPOConfig()))
 
   c.seed = 0
   c.num_seeds = 1  # > 1: several seeds at once (vmap); metrics and best graphs per seed

@@ -5,7 +5,7 @@ profiler, and the in-graph cost model calibrated to it.
   Profiler, graph_signatures                             per-op timing, cached on disk (profiler)
   node_costs, graph_cost, load_coefficients              jittable cost model (model)
   fit_coefficients, fit_from_profiles                    non-negative least squares (fit)
-Submodules `variants`, `validate` and `gains` hold the validation benchmark's logic.
+The validation and rewrite-gain harnesses that use it live in `xrlflow_jax.harness`.
 """
 
 from xrlflow_jax.cost.fit import FitReport, fit_coefficients, fit_from_profiles, nnls

@@ -25,7 +25,7 @@ from xrlflow_jax.cost import fit as fit_lib
 from xrlflow_jax.cost import latency
 from xrlflow_jax.cost import model as cost_model
 from xrlflow_jax.cost import profiler as profiler_lib
-from xrlflow_jax.cost import variants as variants_lib
+from xrlflow_jax.harness import variants as variants_lib
 from xrlflow_jax.errors import XrlflowError
 
 

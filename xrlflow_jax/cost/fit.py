@@ -15,6 +15,7 @@ from typing import Any, Sequence
 import jax
 import numpy as np
 
+from xrlflow_jax import measure
 from xrlflow_jax.cost import latency
 from xrlflow_jax.cost import model as cost_model
 from xrlflow_jax.cost import profiler as profiler_lib
@@ -328,13 +329,12 @@ def collect_pairs(prof: profiler_lib.Profiler, base: GraphSample,
                   min_round_ms: float = 30.0, log: Any = None) -> list[tuple[float, float]]:
   """(ratio variant / base, base ms) of each variant, measured side by side with the base
   (interleaved) and cached under the two structural hashes."""
-  from xrlflow_jax.cost import validate  # pylint: disable=g-import-not-at-top
   h0 = host.structural_hash(base.graph)
   keys = [f"{PAIR_PREFIX}{h0}|{host.structural_hash(v)}" for v in variants]
   todo = [i for i, k in enumerate(keys) if prof.cache.get(k) is None]
   if todo:
     prof.measure_count += len(todo)
-    res = validate.measure_side_by_side(base.graph, [variants[i] for i in todo], base.params,
+    res = measure.measure_side_by_side(base.graph, [variants[i] for i in todo], base.params,
                                         rounds=rounds, min_round_ms=min_round_ms,
                                         backend=prof.device.platform, log=log)
     for i, ratio in zip(todo, res.ratio):
@@ -432,5 +432,4 @@ def fit_on_graphs(prof: profiler_lib.Profiler, samples: Sequence[GraphSample], *
 
 
 def _spearman(x: np.ndarray, y: np.ndarray) -> float:
-  from xrlflow_jax.cost import validate  # pylint: disable=g-import-not-at-top
-  return validate.spearman(x, y)
+  return measure.spearman(x, y)

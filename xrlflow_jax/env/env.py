@@ -130,7 +130,7 @@ class GraphRewriteEnv:
     return DiscreteSpec((), jnp.int32, "action", self.num_actions)
 
   def observation_spec(self) -> ObservationSpec:
-    r, l, p = len(self.ruleset), self.ruleset.max_locations, self.ruleset.num_slots
+    r, l, p = len(self.ruleset), self.ruleset.max_locations, self.ruleset.num_bound
     return ObservationSpec(
         self.num_slots, self.max_inputs,
         ArraySpec((self.num_actions,), jnp.bool_, "action_mask"),
@@ -152,7 +152,7 @@ class GraphRewriteEnv:
     out = []
     for r, c in enumerate(rs.compiled):
       def one(nodes, c=c):
-        plan = c.plan(graph, nodes[:c.rule.num_slots], rs.max_new, rs.max_redirects,
+        plan = c.plan(graph, nodes[:c.rule.num_bound], rs.max_new, rs.max_redirects,
                       rs.max_freed)
         new, ok = edit_lib.apply_edit(graph, edit_lib.complete(graph, plan))
         return jnp.where(ok, self.cost_fn(new) - cost, 0.0)
@@ -183,7 +183,7 @@ class GraphRewriteEnv:
     graph = jax.tree_util.tree_map(lambda a: a[index], self.pool)
     match, cost, observation = jax.tree_util.tree_map(lambda a: a[index], self.initial())
     zero = jnp.int32(0)
-    rewrites = jnp.full([self.horizon, 2 + self.ruleset.num_slots], -1, jnp.int32)
+    rewrites = jnp.full([self.horizon, 2 + self.ruleset.num_bound], -1, jnp.int32)
     state = State(graph=graph, match=match, cost=cost, initial_cost=cost, best_cost=cost,
                   best_graph=graph, step_count=zero, graph_index=index, key=key,
                   rewrites=rewrites, num_rewrites=zero)

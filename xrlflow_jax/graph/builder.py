@@ -24,6 +24,7 @@ from xrlflow_jax.errors import CapacityError, ShapeError, UnknownOpError
 from xrlflow_jax.graph import layout
 from xrlflow_jax.graph.params import ParamStore
 from xrlflow_jax.ops import MAX_RANK, Activation, DType, Op
+from xrlflow_jax.ops.tensor import PAD_MODES
 
 
 @dataclasses.dataclass(frozen=True)
@@ -446,7 +447,6 @@ class GraphBuilder:
   def pad(self, x: Tensor, pads: Sequence[tuple[int, int]], mode: str = "constant",
           value: float = 0.0, name: str | None = None) -> Tensor:
     """pads: one (begin, end) pair per axis."""
-    from xrlflow_jax.ops.tensor import PAD_MODES  # pylint: disable=g-import-not-at-top
     flat = [0] * (2 * MAX_RANK)
     for i, (b, e) in enumerate(pads):
       flat[i], flat[MAX_RANK + i] = int(b), int(e)

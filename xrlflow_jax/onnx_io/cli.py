@@ -16,7 +16,7 @@ import onnx
 
 from xrlflow_jax.errors import OnnxImportError, UnsupportedOnnxOpError, XrlflowError
 from xrlflow_jax.graph import host
-from xrlflow_jax.onnx_io import fold, importer
+from xrlflow_jax.onnx_io import backend, fold, importer
 from xrlflow_jax.onnx_io.convert import CONVERTERS
 
 
@@ -127,7 +127,6 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
 
 def conformance(pattern: str, out: TextIO) -> int:
   """Runs the in-scope conformance cases matching `pattern`; prints the table and failures."""
-  from xrlflow_jax.onnx_io import backend  # pylint: disable=g-import-not-at-top
   cases = [c for c in backend.node_cases() if re.search(pattern, c.name)]
   skipped = collections.Counter(backend.scope(c) for c in cases)
   del skipped[None]

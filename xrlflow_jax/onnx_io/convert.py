@@ -25,6 +25,7 @@ from xrlflow_jax.graph.builder import GraphBuilder, Tensor
 from xrlflow_jax.onnx_io import fold
 from xrlflow_jax.onnx_io.common import onnx_to_numpy_dtype, project_dtype
 from xrlflow_jax.ops import MAX_RANK, Op
+from xrlflow_jax.ops.tensor import PAD_MODES
 
 
 @dataclasses.dataclass(eq=False)
@@ -1604,7 +1605,6 @@ def _pad(ctx: Ctx) -> list[Operand | None]:
   if len(pads) != 2 * len(axes):
     raise ctx.error(f"pads {pads} must hold 2 x {len(axes)} values")
   mode = ctx.attr("mode", "constant")
-  from xrlflow_jax.ops.tensor import PAD_MODES  # pylint: disable=g-import-not-at-top
   if mode not in PAD_MODES:
     raise ctx.unsupported(f"mode {mode!r} is not supported ({', '.join(PAD_MODES)})")
   begins, ends = [0] * r, [0] * r

@@ -32,6 +32,7 @@ from xrlflow_jax.graph import host, layout
 from xrlflow_jax.graph.params import ParamStore
 from xrlflow_jax.onnx_io.common import EXPORT_OPSET, numpy_to_onnx_dtype, unique_name
 from xrlflow_jax.ops import MAX_RANK, Activation, Op
+from xrlflow_jax.ops.tensor import PAD_MODES
 
 _TWO_GB = 2 ** 31 - 1
 _ACTIVATION_OPS = {Activation.RELU: "Relu", Activation.SIGMOID: "Sigmoid",
@@ -305,7 +306,6 @@ def _emit(w: _Writer, g: layout.Graph, v: int, ins: list[str], srcs: list[int], 
   elif op == Op.GATHER:
     w.node("Gather", ins, out, axis=a["axis"])
   elif op == Op.PAD:
-    from xrlflow_jax.ops.tensor import PAD_MODES  # pylint: disable=g-import-not-at-top
     pads = list(a["pads"][:in_ranks[0]]) + list(a["pads"][MAX_RANK:MAX_RANK + in_ranks[0]])
     mode = PAD_MODES[a["mode"]]
     args = [ins[0], w.ints(pads, f"{out}/pads")]

@@ -266,10 +266,6 @@ def broadcast_shapes(xp: Any, shapes: Any, ranks: Any, n: int) -> tuple[Any, Any
   return out.astype(xp.int32), rank, [(ok, "input shapes do not broadcast")]
 
 
-def num_inputs_check(xp: Any, n: Any, lo: int, hi: int) -> Check:
-  return (xp.asarray((n >= lo) & (n <= hi)), f"needs {lo}..{hi} inputs")
-
-
 def fmt_shape(shape: Sequence[int], rank: int) -> str:
   """Human-readable shape, e.g. '[1, 3, 224, 224]'."""
   shape = [int(v) for v in shape]

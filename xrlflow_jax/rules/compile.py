@@ -208,7 +208,7 @@ class CompiledRule:
   def _bind(self, f: Features, roots: jax.Array) -> tuple[jax.Array, jax.Array]:
     """Binds one candidate: (ok bool[], nodes int32[P])."""
     rule, v = self.rule, self.num_vars
-    bound: list[Any] = [None] * rule.num_slots
+    bound: list[Any] = [None] * rule.num_bound
     ok = jnp.asarray(True)
     for i, r in enumerate(self.roots):
       bound[v + r] = roots[i]

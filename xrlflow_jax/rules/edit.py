@@ -12,8 +12,10 @@ import chex
 import jax
 import jax.numpy as jnp
 
+from xrlflow_jax import ops
 from xrlflow_jax.graph import layout
 from xrlflow_jax.graph import transforms
+from xrlflow_jax.ops import Op
 
 NONE, EXISTING, NEW = 0, 1, 2  # kinds of a reference in an edit
 
@@ -51,7 +53,6 @@ class Edit:
 def _dtype_rule_table() -> tuple[jax.Array, jax.Array]:
   """Per op code: which input gives the output dtype (0 or 1), or -1 for an attribute, and that
   attribute's offset, or -2 for a fixed dtype, and that dtype's code."""
-  from xrlflow_jax import ops  # pylint: disable=g-import-not-at-top
   source, offset = [], []
   for spec in ops.all_specs():
     rule = spec.dtype_rule
@@ -75,7 +76,6 @@ def complete(graph: layout.Graph, edit: Edit) -> Edit:
   every replacement has exactly the shape and dtype of the tensor it replaces; a failure makes
   `ok` false and the edit is not applied.
   """
-  from xrlflow_jax import ops  # pylint: disable=g-import-not-at-top
   nodes = graph.nodes
   n = nodes["op"].shape[-1]
   m, k = edit.in_kind.shape
@@ -174,7 +174,6 @@ def _propagate_constness(nodes: dict, table: jax.Array) -> dict:
   A rewrite that replaces a tensor by an existing constant one (slice of a concat of weights,
   say) makes its consumers constant too; usually this loop runs once and changes nothing.
   """
-  from xrlflow_jax.ops import Op  # pylint: disable=g-import-not-at-top
   has_inputs = (table >= 0).any(-1)
   source_const = nodes["op"] == int(Op.CONSTANT)
 

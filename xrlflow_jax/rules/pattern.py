@@ -88,7 +88,7 @@ class Rule:
   example: Callable[..., Any] | None = None
 
   @property
-  def num_slots(self) -> int:
+  def num_bound(self) -> int:
     """P: bound node ids per match (variables first, then source ops)."""
     return len(self.vars) + len(self.src)
 

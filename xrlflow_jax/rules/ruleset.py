@@ -55,7 +55,7 @@ class RuleSet:
     self.compiled = [CompiledRule(r, max_locations, join_window, max_anchors) for r in rules]
     self.max_anchors = max_anchors
     self.max_locations = max_locations
-    self.num_slots = max(r.num_slots for r in rules)  # P
+    self.num_bound = max(r.num_bound for r in rules)  # P: nodes bound per candidate
     self.max_new = max(max(len(r.dst) for r in rules), 1)  # M
     self.max_redirects = max(len(r.replace) for r in rules)  # Q
     self.max_freed = max(len(r.src) for r in rules)  # F
@@ -85,7 +85,7 @@ class RuleSet:
     masks, nodes, found = [], [], []
     for c in self.compiled:
       res = c.match(graph, f)
-      pad = self.num_slots - res.nodes.shape[-1]
+      pad = self.num_bound - res.nodes.shape[-1]
       masks.append(res.valid)
       nodes.append(jnp.pad(res.nodes, ((0, 0), (0, pad)), constant_values=-1))
       found.append(res.found)
@@ -102,7 +102,7 @@ class RuleSet:
     """
     def branch(c: CompiledRule):
       def fn(graph, nodes):
-        return c.plan(graph, nodes[:c.rule.num_slots], self.max_new, self.max_redirects,
+        return c.plan(graph, nodes[:c.rule.num_bound], self.max_new, self.max_redirects,
                       self.max_freed)
       return fn
     plan = jax.lax.switch(rule_index, [branch(c) for c in self.compiled], graph, nodes)
@@ -119,7 +119,7 @@ class RuleSet:
     out = []
     for r, c in enumerate(self.compiled):
       def plan(bound, c=c):
-        return c.plan(graph, bound[:c.rule.num_slots], self.max_new, self.max_redirects,
+        return c.plan(graph, bound[:c.rule.num_bound], self.max_new, self.max_redirects,
                       self.max_freed)
       out.append(jax.vmap(plan)(nodes[r]))
     return jax.tree_util.tree_map(lambda *xs: jnp.concatenate(xs, 0), *out)

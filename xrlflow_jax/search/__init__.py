@@ -1,6 +1,6 @@
 """Search drivers over the same rules and cost model as the RL environment.
 
-Final API (stable; the pipeline in `xrlflow_jax/optimize.py` and the experiments use it):
+Final API (stable; the optimise job in `xrlflow_jax/optimize/` and the experiments use it):
 
   optimize(graph, params, method="taso", ruleset=None, coeffs=None, *, expander=None,
            measure=False, seed=0, measure_options=None, **options) -> SearchResult

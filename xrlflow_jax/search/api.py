@@ -20,6 +20,7 @@ from xrlflow_jax.search.greedy import greedy
 from xrlflow_jax.search.policy import policy
 from xrlflow_jax.search.random_search import random_search
 from xrlflow_jax.search.result import METHODS, SearchError, SearchResult
+from xrlflow_jax.rules.library import builtin_rules
 
 DRIVERS: dict[str, Callable[..., SearchResult]] = {
     "greedy": greedy, "taso": taso, "beam": beam, "random": random_search, "policy": policy}
@@ -34,7 +35,6 @@ def default_ruleset(graph: layout.Graph | None = None) -> RuleSet:
   """The built-in rules, 64 locations each; with `graph`, only those that can fire on it
   (`rules.rules_that_can_fire` over its op codes: rules that cannot are not compiled). One
   RuleSet object per rule list in a process, so compiled Expanders are reused."""
-  from xrlflow_jax.rules.library import builtin_rules  # pylint: disable=g-import-not-at-top
   rules = builtin_rules()
   if graph is not None:
     # A RuleSet needs one rule; where none can fire, the first one finds nothing, cheaply.
@@ -49,7 +49,6 @@ def default_ruleset(graph: layout.Graph | None = None) -> RuleSet:
 
 def is_default(ruleset: RuleSet) -> bool:
   """Whether `ruleset` is every built-in rule at the default locations (replayable as "all")."""
-  from xrlflow_jax.rules.library import builtin_rules  # pylint: disable=g-import-not-at-top
   return (ruleset.max_locations == DEFAULT_MAX_LOCATIONS
           and ruleset.names == [r.name for r in builtin_rules()])
 

@@ -343,7 +343,7 @@ class Expander:
     Returns (graph, applied: bool); unchanged when it does not apply.
     """
     nodes = np.asarray(nodes, np.int32)
-    p = self.ruleset.num_slots
+    p = self.ruleset.num_bound
     if nodes.shape[0] < p:
       nodes = np.concatenate([nodes, np.full([p - nodes.shape[0]], -1, np.int32)])
     new, ok = self._call(self._apply_at, graph, np.int32(rule), nodes)

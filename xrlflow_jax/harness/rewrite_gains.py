@@ -21,8 +21,8 @@ import jax
 import numpy as np
 
 from xrlflow_jax.cost import model as cost_model
-from xrlflow_jax.cost.validate import measure_passes
-from xrlflow_jax.cost.variants import RewriteWalker
+from xrlflow_jax.measure import measure_passes
+from xrlflow_jax.harness.variants import RewriteWalker
 from xrlflow_jax.graph import ParamStore, layout
 
 

@@ -3,17 +3,17 @@ and the notebooks (models load with `workflow.load`): side-by-side latency measu
 environment throughput, and the reports (markdown, CSV, bar chart).
 
 Every speed figure these helpers report is measured: the original graph and every method's graph
-are compiled by XLA and timed interleaved in one process (`measure_side_by_side`), and each
+are compiled by XLA and timed interleaved in one process (`measure_outcomes`), and each
 graph's outputs are compared with the original's on the same random inputs. Modelled figures
 (the cost model the searches optimise) are reported next to them, labelled as modelled.
 
-    from xrlflow_jax import benchmarking as B
+    from xrlflow_jax.harness import benchmark as B
     loaded = workflow.load("squeezenet1_1", size="tiny")
     graph, params = loaded.graph, loaded.params
     ruleset = B.make_ruleset(["all"], max_locations=16)
     coeffs = cost.load_coefficients()
     out = B.run_search("greedy", graph, params, ruleset, coeffs, {"max_steps": 20})
-    measured = B.measure_side_by_side(graph, params, [out.graph])  # verdict, numerics
+    measured = B.measure_outcomes(graph, params, [out.graph])  # verdict, numerics
 
 The PPO trainer is imported lazily.
 """
@@ -22,19 +22,18 @@ from __future__ import annotations
 
 import csv
 import dataclasses
-import datetime
 import os
-import platform
 import time
-from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from xrlflow_jax import cost, measure, workflow
+from xrlflow_jax import cost, measure, search, workflow
 from xrlflow_jax import graph as G
+from xrlflow_jax.agents import runs
+from xrlflow_jax.env import AutoResetWrapper, GraphRewriteEnv, VmapWrapper
 from xrlflow_jax.graph import Graph, ParamStore
 from xrlflow_jax.search.result import JOB_METHODS
 
@@ -46,34 +45,6 @@ Log = Callable[[str], None]
 # ----------------------------------------------------------------------------------------------
 # Machine header
 # ----------------------------------------------------------------------------------------------
-
-def _cpu_name() -> str:
-  try:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-      if line.startswith("model name"):
-        return line.split(":", 1)[1].strip()
-  except OSError:
-    pass
-  return platform.processor() or platform.machine()
-
-
-def machine_info() -> dict[str, str]:
-  """Date (UTC), host, CPU, Python, JAX and the backend every figure was measured on."""
-  dev = jax.devices()[0]
-  return {
-      "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-      "host": f"{platform.system()} {platform.release()} {platform.machine()}",
-      "cpu": f"{_cpu_name()} ({os.cpu_count()} logical cores)",
-      "python": platform.python_version(),
-      "jax": f"jax {jax.__version__}, jaxlib {getattr(jax.lib, '__version__', '?')}",
-      "backend": f"{dev.platform} ({dev.device_kind}) x {jax.device_count()}",
-  }
-
-
-def machine_header() -> str:
-  """`machine_info` as markdown lines."""
-  return "\n".join(f"- {k}: {v}" for k, v in machine_info().items())
-
 
 # ----------------------------------------------------------------------------------------------
 # Rules and environment throughput
@@ -87,7 +58,6 @@ def make_ruleset(names: Sequence[str], max_locations: int = 16):
 def make_env(graphs: Sequence[Graph] | Graph, ruleset, coeffs: cost.CostCoefficients,
              horizon: int = 50, reward_scale: float = 10.0):
   """The graph-rewrite environment over `graphs` under the cost model `coeffs`."""
-  from xrlflow_jax.env import GraphRewriteEnv  # pylint: disable=g-import-not-at-top
   graphs = [graphs] if isinstance(graphs, Graph) else list(graphs)
   return GraphRewriteEnv(graphs, ruleset, lambda g: cost.graph_cost(g, coeffs), int(horizon),
                          reward_scale=reward_scale,
@@ -103,7 +73,6 @@ def env_steps_per_second(graph: Graph, ruleset, coeffs: cost.CostCoefficients, *
   two timed calls (each `num_envs * steps` steps: matching every rule, applying the rewrite,
   costing the graph, auto-reset).
   """
-  from xrlflow_jax.env import AutoResetWrapper, VmapWrapper  # pylint: disable=g-import-not-at-top
   venv = VmapWrapper(AutoResetWrapper(make_env(graph, ruleset, coeffs, horizon)))
 
   def rollout(key):
@@ -162,7 +131,6 @@ def run_search(method: str, graph: Graph, params: ParamStore, ruleset, coeffs, o
                Mapping[str, Any] | None = None, seed: int = 0) -> Outcome:
   """`search.optimize` with the modelled guard only (latency is measured afterwards, side by
   side with every other method's graph)."""
-  from xrlflow_jax import search  # pylint: disable=g-import-not-at-top
   t0 = time.perf_counter()
   r = search.optimize(graph, params, method, ruleset, coeffs, measure=False, seed=seed,
                       **dict(options or {}))
@@ -212,7 +180,6 @@ def build_run(names: Sequence[str], graphs: Sequence[Graph], params: Sequence[Pa
               config: Any, coeffs: cost.CostCoefficients, ruleset=None):
   """An `agents.runs.Run` over given graphs (one capacity) with a config's env/agent/ppo fields
   (see xrlflow_jax/configs/ppo.py); `ruleset` overrides `config.env.rules`/`max_locations`."""
-  from xrlflow_jax.agents import runs  # pylint: disable=g-import-not-at-top
   return runs.build(config, coeffs=coeffs, pool=(names, graphs, params), ruleset=ruleset)
 
 
@@ -244,7 +211,6 @@ def policy_outcome(policy: TrainedPolicy, graph: Graph, params: ParamStore, *, s
   one policy-inference path: `search.optimize(..., "policy")`, observations as in training):
   the argmax rollout and `samples` sampled ones, the cheapest graph any reached under the cost
   model (the input when nothing is cheaper), with its replayable rewrite count."""
-  from xrlflow_jax import search  # pylint: disable=g-import-not-at-top
   run = policy.run
   t0 = time.perf_counter()
   expander = search.get_expander(run.ruleset, run.coeffs)
@@ -269,7 +235,7 @@ def policy_outcomes(policy: TrainedPolicy, graph: Graph, params: ParamStore, *,
 
 @dataclasses.dataclass(frozen=True)
 class Measured:
-  """Outcomes' graphs measured against the original (`measure_side_by_side`).
+  """Outcomes' graphs measured against the original (`measure_outcomes`).
 
   Attributes:
     original: the original's LatencyStats.
@@ -282,7 +248,7 @@ class Measured:
   numerics: list[measure.NumericsCheck | None]
 
 
-def measure_side_by_side(original: Graph, params: ParamStore,
+def measure_outcomes(original: Graph, params: ParamStore,
                          graphs: Sequence[Graph | None], *, rounds: int = 10,
                          repeats_per_round: int = 3, backend: str | None = None) -> Measured:
   """Latency of `original` and of each graph, timed interleaved in one process with an

@@ -1,0 +1,217 @@
+"""The optimise job's searches: a baseline search driver, or a short PPO run followed by the
+trained policy as a search driver; each returns a `Found` (graph, modelled cost, replayable
+rewrites)."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any, Callable, Mapping, Sequence
+
+import jax
+import numpy as np
+
+from xrlflow_jax import cost, search, workflow
+from xrlflow_jax import graph as G
+from xrlflow_jax.agents import runs
+from xrlflow_jax.configs import ppo as ppo_configs
+from xrlflow_jax.graph import layout
+from xrlflow_jax.optimize.checks import OptimizeError
+from xrlflow_jax.rules.library import builtin_rules
+from xrlflow_jax.workflow import Loaded
+
+# What `budget` means for each search method (the option of `search.optimize` it sets).
+BUDGET_OPTION = {"greedy": "max_steps", "taso": "budget", "beam": "steps", "random": "steps"}
+
+
+@dataclasses.dataclass
+class Found:
+  """A search's outcome in the form the report needs.
+
+  Attributes:
+    graph: the best graph; cost_ms: its modelled cost; initial_cost_ms: the input's.
+    rewrites: JSON-ready steps that replay onto the input (`search.replay`), or None when
+      unknown (no component of the job returns such a graph).
+    found_by: "greedy", ..., "policy" or "training".
+    details: extra figures for report.json.
+  """
+  graph: layout.Graph
+  cost_ms: float
+  initial_cost_ms: float
+  rewrites: list[dict[str, Any]] | None
+  found_by: str
+  details: dict[str, Any]
+
+
+def _found_from_result(result: Any, found_by: str) -> Found:
+  """A `search.SearchResult` as a Found."""
+  data = result.to_json()
+  details = {k: data[k] for k in ("seconds", "graphs_expanded", "candidates_costed",
+                                  "returned_input", "found_cost_ms", "found_rewrites",
+                                  "options") if k in data}
+  return Found(layout.to_host(result.best_graph), float(result.best_cost_ms),
+               float(result.initial_cost_ms), [r.to_json() for r in result.rewrites],
+               found_by, details)
+
+
+def run_search(loaded: Loaded, method: str, coeffs: cost.CostCoefficients, *, seed: int = 0,
+               rules: Sequence[str] | None = None, max_locations: int = 16,
+               options: Mapping[str, Any] | None = None) -> Found:
+  """A baseline search ("greedy", "taso", "beam", "random") on the cost model."""
+  ruleset = _ruleset(rules, max_locations) if rules else search.default_ruleset(loaded.graph)
+  result = search.optimize(loaded.graph, loaded.params, method, ruleset, coeffs, measure=False,
+                           seed=seed, **dict(options or {}))
+  found = _found_from_result(result, method)
+  found.details.update(_ruleset_details(ruleset, default=search.is_default(ruleset)))
+  if not rules:
+    found.details["rules_kept"] = (f"{len(ruleset)} of {len(builtin_rules())} built-in rules "
+                                   "can fire on this graph")
+  return found
+
+
+def _ruleset_details(ruleset: Any, default: bool = False) -> dict[str, Any]:
+  """What replaying needs to rebuild the rule set: rule names (["all"] for the search's
+  default, every built-in rule) and locations per rule."""
+  return {"rules": ["all"] if default else list(ruleset.names),
+          "max_locations": int(ruleset.max_locations)}
+
+
+def ruleset_for_replay(rewrites_json: Mapping[str, Any]):
+  """The RuleSet a rewrites.json was found with (for `search.replay`)."""
+  if rewrites_json.get("rules") in (None, ["all"]):
+    return search.default_ruleset()
+  return _ruleset(rewrites_json["rules"], int(rewrites_json["max_locations"]))
+
+
+def _ruleset(names: Sequence[str], max_locations: int):
+  """`workflow.ruleset` (one cached object per (names, max_locations), so the search's compiled
+  Expander is reused by later calls); unknown names: OptimizeError listing the built-in rules."""
+  try:
+    return workflow.ruleset(names, max_locations)
+  except workflow.RuleSelectionError as e:
+    raise OptimizeError(str(e)) from None
+
+
+def ppo_config(budget: int | None = None, seed: int = 0, rules: Sequence[str] | None = None):
+  """The short-run PPO config: `configs.ppo.get_config("test")` with `budget` updates."""
+  c = ppo_configs.get_config("test")
+  if budget:
+    c.ppo.total_timesteps = int(c.ppo.num_envs) * int(c.ppo.num_steps) * int(budget)
+  if rules:
+    c.env.rules = tuple(rules)
+  c.seed = seed
+  return c
+
+
+def rules_match(graph: layout.Graph, names: Sequence[str], max_locations: int) -> bool:
+  """Whether any of the rules `names` applies somewhere in `graph` (one jitted match)."""
+  ruleset = _ruleset(names, max_locations)
+  g = jax.tree_util.tree_map(jax.numpy.asarray, graph)
+  return bool(np.asarray(jax.jit(ruleset.match)(g).mask).any())
+
+
+def default_ppo_rules(graph: layout.Graph, max_locations: int) -> tuple[str, ...]:
+  """The rule set PPO trains with when none is given: the test config's five conv rules
+  (SqueezeNet's enlarge-then-merge situation) when one of them applies, else the default
+  config's wider set, else every built-in rule. OptimizeError when no rule applies at all."""
+  for names in (ppo_configs.TEST_RULES, ppo_configs.DEFAULT_RULES, ("all",)):
+    if rules_match(graph, names, max_locations):
+      return tuple(names)
+  raise OptimizeError("no built-in rule applies anywhere in this graph; nothing to optimise")
+
+
+def train_ppo(loaded: Loaded, config: Any, coeffs: cost.CostCoefficients,
+              log: Callable[[str], None] = print):
+  """Builds the environment, agent and trainer on `loaded` and trains in chunks.
+
+  Returns:
+    (trainer, ruleset, runner_state, seconds): the final RunnerState holds the network params
+    (`.params`) and the best graph training met (`.best_graph`, `.best_cost`, leading [1]).
+  """
+  ruleset = _ruleset(config.env.rules, int(config.env.max_locations))
+  run = runs.build(config, jax.devices()[:1], coeffs, ruleset=ruleset,
+                   pool=([loaded.label], [loaded.graph], [loaded.params]))
+  trainer = run.trainer
+  t0 = time.perf_counter()
+  state = trainer.init(jax.random.PRNGKey(int(config.seed)))
+  total = trainer.config.num_updates
+  chunk = _chunk_size(total, int(config.updates_per_chunk))
+  done = 0
+  while done < total:
+    state, metrics = trainer.run(state, chunk)
+    done += chunk
+    ret = float(np.nanmean(np.asarray(metrics["episode_return"])[-1:]))
+    best = float(np.asarray(state.best_cost)[0] / np.asarray(state.initial_cost)[0])
+    log(f"  ppo update {done}/{total}: return {ret:.3f}, best cost ratio {best:.4f} "
+        f"({time.perf_counter() - t0:.1f}s)")
+  return trainer, ruleset, state, time.perf_counter() - t0
+
+
+def _chunk_size(num_updates: int, wanted: int) -> int:
+  """The largest divisor of num_updates that is <= wanted."""
+  wanted = max(1, min(wanted, num_updates))
+  return max(d for d in range(1, wanted + 1) if num_updates % d == 0)
+
+
+def run_ppo(loaded: Loaded, coeffs: cost.CostCoefficients, *, budget: int | None = None,
+            seed: int = 0, rules: Sequence[str] | None = None,
+            options: Mapping[str, Any] | None = None,
+            log: Callable[[str], None] = print) -> Found:
+  """Short PPO training, then the policy as a search driver; the better graph by modelled cost
+  of the policy's result and the best graph training met (ties go to the policy, whose rewrite
+  sequence is known)."""
+  config = ppo_config(budget, seed, rules)
+  if not rules:
+    config.env.rules = default_ppo_rules(loaded.graph, int(config.env.max_locations))
+  trainer, ruleset, state, train_s = train_ppo(loaded, config, coeffs, log)
+  train_cost = float(np.asarray(state.best_cost)[0])
+  train_graph = layout.to_host(jax.tree_util.tree_map(lambda a: np.asarray(a)[0],
+                                                      state.best_graph))
+  details: dict[str, Any] = {"train_seconds": train_s, "train_updates":
+                             trainer.config.num_updates, "train_best_cost_ms": train_cost,
+                             **_ruleset_details(ruleset)}
+  policy = search.optimize(loaded.graph, loaded.params, "policy", ruleset, coeffs, measure=False,
+                           seed=seed, **_policy_options(trainer, state, options))
+  found = _found_from_result(policy, "policy")
+  log(f"  policy: modelled cost {found.initial_cost_ms:.4f} -> {found.cost_ms:.4f} ms with "
+      f"{len(found.rewrites or [])} rewrites; training's best {train_cost:.4f} ms")
+  details.update({"policy_cost_ms": found.cost_ms, "policy": found.details})
+  if train_cost < found.cost_ms * (1.0 - 1e-6):
+    steps = training_rewrites(loaded.graph, ruleset, state, train_graph)
+    if steps is None:  # cannot happen unless replay and the environment disagree: say so
+      details["training_replay"] = "mismatch: the policy's graph is returned instead"
+      log("  training's best graph does not replay from its recorded rewrites; the policy's "
+          "graph is returned")
+    else:
+      found = Found(train_graph, train_cost, found.initial_cost_ms, steps, "training", {})
+      details["training_rewrites"] = len(steps)
+  found.details = details
+  return found
+
+
+def training_rewrites(graph: layout.Graph, ruleset: Any, state: Any,
+                      best_graph: layout.Graph, index: int = 0) -> list[dict[str, Any]] | None:
+  """The recorded rewrites of the best graph training met for pool graph `index` (the rows of
+  `RunnerState.best_rewrites`), as JSON-ready `search.RewriteStep`s, checked by replaying them
+  onto `graph`: None when the replay does not rebuild `best_graph` (same structural hash)."""
+  count = int(np.asarray(state.best_num_rewrites)[index])
+  rows = np.asarray(state.best_rewrites)[index][:count]
+  steps = [search.RewriteStep(ruleset.names[int(r[0])], int(r[0]), int(r[1]),
+                              tuple(int(v) for v in r[2:])) for r in rows]
+  try:
+    replayed = search.replay(graph, ruleset, steps)
+  except search.SearchError:
+    return None
+  if G.structural_hash(replayed) != G.structural_hash(best_graph):
+    return None
+  return [s.to_json() for s in steps]
+
+
+def _policy_options(trainer: Any, state: Any, options: Mapping[str, Any] | None
+                    ) -> dict[str, Any]:
+  """Keyword arguments that hand the trained agent to the policy driver."""
+  opts = dict(options or {})
+  opts.setdefault("agent", trainer.agent)
+  opts.setdefault("network_params", state.params)
+  opts.setdefault("env", trainer.env)
+  return opts

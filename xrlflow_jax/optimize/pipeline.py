@@ -1,0 +1,183 @@
+"""The optimise job's pipeline, `optimize_model`: check, load, search, check numerics, measure,
+write (the stages are described in `xrlflow_jax.optimize`)."""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+from xrlflow_jax import compilation_cache, cost
+from xrlflow_jax import graph as G
+from xrlflow_jax.measure import (DEFAULT_TOLERANCE, Comparison, NumericsError, Speedup,
+                                 check_numerics, compare)
+from xrlflow_jax.optimize import checks, methods
+from xrlflow_jax.optimize.methods import BUDGET_OPTION, Found
+from xrlflow_jax.optimize.report import OptimizeReport, default_output_dir, write_outputs
+from xrlflow_jax.workflow import Loaded, load
+
+DEFAULT_MODEL = "squeezenet1_1"
+
+
+def load_source(source: str, *, size: str = "tiny",
+                input_shapes: Mapping[str, Sequence[int]] | None = None,
+                capacity: int | None = None, seed: int = 0) -> Loaded:
+  """`workflow.load` with the optimise job's default size ("tiny")."""
+  return load(source, size=size, input_shapes=input_shapes, capacity=capacity, seed=seed)
+
+
+@functools.lru_cache(maxsize=4)
+def _coefficients(path: str) -> cost.CostCoefficients:
+  """Cost-model coefficients from a JSON file ("": the shipped fit), loaded once per process."""
+  return cost.load_coefficients(path=path or None)
+
+
+def measured_guard(loaded: Loaded, found: Found, comparison: Comparison
+                   ) -> tuple[Found, cost.LatencyStats, Speedup]:
+  """Keeps the search's graph only if XLA measured it significantly faster than the input.
+
+  Args:
+    comparison: `measure.compare(loaded.graph, [found.graph], ...)`.
+  Returns:
+    (found, its latency, its Speedup) when the verdict is "faster" or the graph is unchanged;
+    otherwise the input itself (no rewrites, modelled cost of the input) with the input's
+    latency and an "unchanged" Speedup, and what was rejected in `details["measured_guard"]`.
+  """
+  after, verdict = comparison.candidates[0], comparison.speedups[0]
+  if verdict.verdict in ("faster", "unchanged"):
+    return found, after, verdict
+  details = dict(found.details)
+  details["returned_input"] = True
+  details["measured_guard"] = {
+      "rejected_found_by": found.found_by, "rejected_cost_ms": found.cost_ms,
+      "rejected_rewrites": None if found.rewrites is None else len(found.rewrites),
+      "rejected_latency_median_ms": after.median_ms, "rejected_latency_iqr_ms": after.iqr_ms,
+      "input_latency_median_ms": comparison.reference.median_ms,
+      "rejected_speedup": verdict.describe(), "rejected_verdict": verdict.to_json()}
+  kept = Found(loaded.graph, found.initial_cost_ms, found.initial_cost_ms, [], found.found_by,
+               details)
+  return kept, comparison.reference, Speedup.unchanged()
+
+
+def optimize_model(source: str = DEFAULT_MODEL, *, method: str = "ppo", size: str = "tiny",
+                   input_shapes: Mapping[str, Sequence[int]] | None = None,
+                   output_dir: str | os.PathLike | None = None, budget: int | None = None,
+                   seed: int = 0, capacity: int | None = None,
+                   rules: Sequence[str] | None = None, search_options:
+                   Mapping[str, Any] | None = None, measure: bool = True,
+                   latency_rounds: int = 10, repeats_per_round: int = 3,
+                   tolerance: float = DEFAULT_TOLERANCE, picture: bool = True,
+                   cost_coefficients: str | None = None, write: bool = True,
+                   keep_slower: bool = False, compilation_cache_dir: str | None = None,
+                   log: Callable[[str], None] = print) -> OptimizeReport:
+  """Optimises a model and writes the result with its evidence (see the module docstring).
+
+  Args:
+    source: a zoo model name or an .onnx path.
+    method: "ppo" (short training + policy), "greedy", "taso", "beam" or "random".
+    size: zoo size; input_shapes: ONNX dynamic input shapes {name: shape}.
+    output_dir: where to write (default `default_output_dir`).
+    budget: "ppo": PPO updates (default: the test config's 12); other methods: greedy's
+      max_steps, taso's budget (graphs expanded), beam's and random's steps (see
+      BUDGET_OPTION); None: the search's default.
+    seed: weights, search and training seed; capacity: node slots (default auto).
+    rules: rule names (default: every built-in rule for the searches; for "ppo"
+      `default_ppo_rules`, the test config's five when they apply).
+    search_options: extra keyword options of `search.optimize`.
+    measure: time both graphs with XLA (latency_rounds x repeats_per_round runs each).
+    tolerance: bound on max |a - b| / (1 + |a|) of the outputs.
+    picture: draw graph.png; cost_coefficients: a JSON file ("": the shipped fit).
+    write: write the output files (False: only return the report).
+    keep_slower: keep the optimised graph even when XLA measured it no faster than the input
+      (default: the input is returned instead, see `measured_guard`).
+    compilation_cache_dir: JAX's persistent compilation cache (None: `$XRLFLOW_COMPILATION_CACHE`
+      or the per-user default; "off": none), see `compilation_cache.enable`.
+  Raises:
+    OptimizeError (bad input), OnnxImportError, NumericsError (nothing written), SearchError.
+  """
+  input_shapes = checks.check_request(
+      str(source), method=method, size=size, input_shapes=input_shapes, output_dir=output_dir,
+      budget=budget, capacity=capacity, latency_rounds=latency_rounds,
+      repeats_per_round=repeats_per_round, tolerance=tolerance, write=write)
+  cache_dir = compilation_cache.enable(compilation_cache_dir)
+  times: dict[str, float] = {}
+  t = time.perf_counter()
+  loaded = load_source(str(source), size=size, input_shapes=input_shapes, capacity=capacity,
+                       seed=seed)
+  checks.check_memory(loaded)
+  out = Path(output_dir) if output_dir else default_output_dir(loaded.label, method)
+  if write:
+    checks.check_output_dir(out)
+  times["load"] = time.perf_counter() - t
+  log(f"loaded {loaded.label} ({loaded.kind}): {G.num_nodes(loaded.graph)} nodes, capacity "
+      f"{G.capacity(loaded.graph)}" + (f"; {loaded.random_weights} initializers given random "
+                                       "weights (the file has no weight data)"
+                                       if loaded.random_weights else ""))
+  for note in getattr(getattr(loaded.params, "stats", None), "notes", ()):  # ONNX import notes
+    log(f"note: {note}")
+  coeffs = _coefficients(cost_coefficients or "")
+
+  t = time.perf_counter()
+  log(f"searching with {method}" + (f" (budget {budget})" if budget else "") + " ...")
+  if method == "ppo":
+    found = methods.run_ppo(loaded, coeffs, budget=budget, seed=seed, rules=rules,
+                    options=search_options, log=log)
+  else:
+    opts = dict(search_options or {})
+    if budget is not None:
+      opts.setdefault(BUDGET_OPTION[method], int(budget))
+    found = methods.run_search(loaded, method, coeffs, seed=seed, rules=rules, options=opts)
+  times["search"] = time.perf_counter() - t
+  found.details["compilation_cache"] = str(cache_dir) if cache_dir else "off"
+  compiled = float(found.details.get("options", {}).get("compile_seconds", 0.0))
+  if compiled:  # the search's first calls of each compiled shape, reported on their own
+    times["compile"] = compiled
+    times["search"] -= compiled
+
+  t = time.perf_counter()
+  best = found.graph
+  G.validate(best, loaded.params)
+  lat_before = lat_after = verdict = None
+  if measure:  # one set of compiles: the timed executables' outputs are the numerics check
+    comparison = compare(loaded.graph, [best], loaded.params, rounds=latency_rounds,
+                         repeats_per_round=repeats_per_round, seed=seed, tolerance=tolerance)
+    numerics = comparison.numerics[0]
+    lat_before, lat_after, verdict = (comparison.reference, comparison.candidates[0],
+                                      comparison.speedups[0])
+    times["check+measure"] = time.perf_counter() - t
+  else:
+    numerics = check_numerics(loaded.graph, best, loaded.params, seed=seed, tolerance=tolerance)
+    times["check"] = time.perf_counter() - t
+  if not numerics.passed:
+    raise NumericsError(f"the optimised graph's outputs differ from the original's: "
+                        f"{numerics.describe()}; nothing was written")
+  if measure:
+    if not keep_slower:
+      found, lat_after, verdict = measured_guard(loaded, found, comparison)
+      if "measured_guard" in found.details:
+        log(f"measured: the optimised graph is not significantly faster than the input "
+            f"({comparison.speedups[0].describe()}): the input is kept")
+        best = loaded.graph
+
+  report = OptimizeReport(
+      source=str(source), label=loaded.label, kind=loaded.kind, method=method,
+      found_by=found.found_by, random_weights=loaded.random_weights,
+      nodes_before=G.num_nodes(loaded.graph), nodes_after=G.num_nodes(best),
+      cost_before_ms=found.initial_cost_ms, cost_after_ms=found.cost_ms,
+      latency_before=lat_before, latency_after=lat_after, measured=verdict, numerics=numerics,
+      rewrites=found.rewrites, hash_before=G.structural_hash(loaded.graph),
+      hash_after=G.structural_hash(best), seconds=times, details=found.details,
+      input_graph=loaded.graph, graph=best, params=loaded.params)
+  if write:
+    t = time.perf_counter()
+    report.output_dir = str(out)
+    times["write"] = 0.0
+    report.files = write_outputs(report, loaded, best, out, picture=picture, log=log)
+    times["write"] = time.perf_counter() - t
+  times["total"] = sum(v for k, v in times.items() if k != "total")
+  if write:  # report.json carries the final times
+    Path(report.files["report"]).write_text(json.dumps(report.to_json(), indent=2) + "\n")
+  return report
