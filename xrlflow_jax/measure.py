@@ -186,6 +186,12 @@ class Speedup:
   def faster(self) -> bool:
     return self.verdict == "faster"
 
+  @property
+  def keeps(self) -> bool:
+    """The measured guard's rule (the search drivers' and the optimise job's): a rewritten graph
+    is kept only when measured significantly faster, or when it is the input unchanged."""
+    return self.verdict in ("faster", "unchanged")
+
   def describe(self) -> str:
     """"x1.089 [1.021, 1.160] (95%; control x1.002 [0.990, 1.013]): faster"."""
     if self.verdict == "unchanged":

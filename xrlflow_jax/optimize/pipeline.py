@@ -47,7 +47,7 @@ def measured_guard(loaded: Loaded, found: Found, comparison: Comparison
     latency and an "unchanged" Speedup, and what was rejected in `details["measured_guard"]`.
   """
   after, verdict = comparison.candidates[0], comparison.speedups[0]
-  if verdict.verdict in ("faster", "unchanged"):
+  if verdict.keeps:
     return found, after, verdict
   details = dict(found.details)
   details["returned_input"] = True

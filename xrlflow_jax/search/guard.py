@@ -45,7 +45,7 @@ def finish(method: str, input_graph: layout.Graph, best_graph: layout.Graph,
     lat_in = cmp.reference
     if keep:
       lat_best, verdict = cmp.candidates[0], cmp.speedups[0]
-      keep = verdict.faster
+      keep = verdict.keeps
   if not keep:
     best_graph, rewrites, best_cost = input_graph, [], float(initial_cost)
     if lat_in is not None:
