@@ -181,7 +181,7 @@ def main(argv: list[str]) -> None:
            else workflow.default_models(size))
   out_dir = Path(_OUTPUT.value)
   out_dir.mkdir(parents=True, exist_ok=True)
-  coeffs = cost.load_coefficients(path=_COEFFS.value or None)
+  coeffs = cost.coefficients(_COEFFS.value or None)
   ruleset = B.make_ruleset(_opt("rules"), _opt("max_locations"))
   header = (f"# xrlflow_jax benchmark\n\n{machine.machine_header()}\n- rules: {len(ruleset)} x "
             f"{ruleset.max_locations} locations; budgets: {search_options()}, ppo "

@@ -51,7 +51,7 @@ def load(model: str):
 def main(argv: list[str]) -> None:
   del argv
   dev = jax.devices()[0]
-  coeffs = cost.load_coefficients()
+  coeffs = cost.coefficients()
   ruleset = RuleSet(builtin_rules(), max_locations=_LOCATIONS.value)
   print(f"{datetime.date.today()}; {dev.platform} ({dev.device_kind}), {platform.machine()}, "
         f"{len(jax.devices())} device(s); {len(ruleset)} rules x {ruleset.max_locations} "

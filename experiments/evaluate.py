@@ -167,7 +167,7 @@ def main(argv: list[str]) -> None:
   bad = [(s.label, e) for s, e in zip(train_specs, train_loaded) if isinstance(e, Exception)]
   if bad:
     raise app.UsageError(f"training models that do not load: {bad}")
-  coeffs = cost.load_coefficients(path=_COEFFS.value or None)
+  coeffs = cost.coefficients(_COEFFS.value or None)
   ruleset = B.make_ruleset(_opt("rules"), _opt("max_locations"))
   capacity = G.capacity(train_loaded[0][0])
   header = (f"# xrlflow_jax generalisation\n\n{machine.machine_header()}\n- every graph at capacity "

@@ -89,7 +89,7 @@ def main(argv: list[str]) -> None:
   print(machine.machine_header(), flush=True)
   print(f"- verdict: {measure.LEVEL:.0%} bootstrap interval over {_ROUNDS.value} rounds x "
         f"{_REPEATS.value} runs, an identical copy as control", flush=True)
-  coeffs = cost.load_coefficients()
+  coeffs = cost.coefficients()
   results = []
   for name in _MODELS.value:
     spec = workflow.resolve(name, _SIZE.value)

@@ -40,8 +40,12 @@ _BUDGET = flags.DEFINE_integer("budget", None, "ppo: PPO updates (default 12); g
 _SEED = flags.DEFINE_integer("seed", 0, "Seed of weights, search and training.")
 _CAPACITY = flags.DEFINE_integer("capacity", 0, "Node slots (0: 1.3 x the node count, "
                                  "rounded up to 64).")
-_RULES = flags.DEFINE_list("rules", [], "Rule names (default: every built-in rule for the "
-                           "searches; the PPO test config's five for ppo).")
+_RULES = flags.DEFINE_list("rules", [], "Rules and rule sets: built-in rule names, 'builtin', "
+                           "'family:<name>' (e.g. family:merge_conv), 'taso:<path to TASO's "
+                           "graph_subst.pb>' (or 'taso' with $XRLFLOW_TASO_RULES), joined by "
+                           "commas or '+' (default: every built-in rule for the searches; the "
+                           "PPO test config's five for ppo). The searches keep the rules that "
+                           "can fire.")
 _MEASURE = flags.DEFINE_bool("measure", True, "Measure XLA latency of both graphs.")
 _ROUNDS = flags.DEFINE_integer("latency_rounds", 10, "Interleaved timing rounds.")
 _REPEATS = flags.DEFINE_integer("repeats_per_round", 3, "Timed runs per graph per round.")
@@ -51,6 +55,13 @@ _KEEP_SLOWER = flags.DEFINE_bool("keep_slower", False, "Keep the optimised graph
 _CACHE = flags.DEFINE_string("compilation_cache", "", "JAX's persistent compilation cache "
                              "directory (default: $XRLFLOW_COMPILATION_CACHE, else "
                              "~/.cache/xrlflow_jax/xla); 'off' to compile afresh.")
+_PRECISION = flags.DEFINE_enum("precision", "highest", ["highest", "high", "default"],
+                               "Numerics policy of matmuls and convolutions for both graphs "
+                               "(highest: full float32; high/default: faster on GPUs, bf16_3x/"
+                               "TF32); the numerics tolerance follows it.")
+_COEFFS = flags.DEFINE_string("cost_coefficients", "", "Cost-model coefficients (JSON) to use "
+                              "(default: the shipped fit for this device kind, else a "
+                              "calibration made on first use and cached).")
 
 
 def source_from_flags() -> str:
@@ -77,7 +88,8 @@ def main(argv: Sequence[str]) -> None:
         output_dir=_OUTPUT.value or None, budget=_BUDGET.value, seed=_SEED.value,
         capacity=_CAPACITY.value or None, rules=_RULES.value or None, measure=_MEASURE.value,
         latency_rounds=_ROUNDS.value, repeats_per_round=_REPEATS.value, picture=_PICTURE.value,
-        keep_slower=_KEEP_SLOWER.value, compilation_cache_dir=_CACHE.value or None)
+        keep_slower=_KEEP_SLOWER.value, compilation_cache_dir=_CACHE.value or None,
+        cost_coefficients=_COEFFS.value or None, precision=_PRECISION.value)
   except UsageError as e:  # bad input: one line, no usage text, no traceback
     raise SystemExit(f"error: {e}") from None
   except XrlflowError as e:

@@ -15,6 +15,7 @@ import pytest
 from xrlflow_jax import errors, measure, models
 from xrlflow_jax import graph as G
 from xrlflow_jax.cost import __main__ as cli
+from xrlflow_jax.cost import calibrate
 from xrlflow_jax.cost import fit as fit_lib
 from xrlflow_jax.cost import latency
 from xrlflow_jax.cost import model as M
@@ -473,3 +474,33 @@ def test_calibrate_feature_recovers_one_weight_and_keeps_the_rest():
   np.testing.assert_allclose(np.delete(got, j), 0.02, rtol=1e-6)
   with pytest.raises(M.CostModelError, match="unknown feature"):
     fit_lib.calibrate_feature(start, "no.such", pairs)
+
+
+def test_calibration_on_first_use(tmp_path, monkeypatch):
+  """A device kind the package ships no fit for is calibrated once (here on a one-model suite),
+  cached per device kind, and loaded by later calls without calibrating again."""
+  monkeypatch.setattr(M, "coefficients_path",
+                      lambda kind: tmp_path / "shipped" / f"cost_{M.slug(kind)}.json")
+  monkeypatch.setenv(M.CALIBRATION_ENV, str(tmp_path / "calibrated"))
+  monkeypatch.setenv(P.CACHE_ENV, str(tmp_path / "profiles"))
+  monkeypatch.delenv(M.COEFFS_ENV, raising=False)
+  with pytest.raises(M.CostModelError, match="xrlflow_jax.cost calibrate"):
+    M.load_coefficients()
+  with pytest.raises(M.CostModelError, match="no cost-model coefficients"):
+    calibrate.coefficients(calibrate_missing=False)
+  monkeypatch.setattr(calibrate, "QUICK_SUITE", (("squeezenet1_1", "tiny"),))
+  logs: list[str] = []
+  coeffs = calibrate.coefficients(log=logs.append)
+  assert logs[0].startswith("no cost-model coefficients for device kind 'cpu'"), logs
+  assert any(m.startswith("calibrated cpu in ") for m in logs), logs
+  path = tmp_path / "calibrated" / "cost_cpu.json"
+  fit = json.loads(path.read_text())["fit"]
+  assert fit["calibration"] == "quick" and fit["suite"] == ["squeezenet1_1[tiny]"]
+  assert fit["seconds"] > 0 and fit["rows"] > 5
+  assert np.isfinite(np.asarray(coeffs.weights)).all() and float(coeffs.call_ms) >= 0
+  graph, _ = models.build("squeezenet1_1", "tiny")
+  assert float(M.graph_cost(graph, coeffs)) > 0
+  monkeypatch.setattr(calibrate, "calibrate", lambda **_: pytest.fail("calibrated twice"))
+  again = calibrate.coefficients(log=logs.append)
+  np.testing.assert_array_equal(np.asarray(again.weights), np.asarray(coeffs.weights))
+  assert M.load_coefficients().device_kind == "cpu"

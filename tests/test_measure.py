@@ -3,14 +3,16 @@ statistic with a control, settings refused before any work."""
 
 from __future__ import annotations
 
+import jax
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from xrlflow_jax import GraphBuilder, measure
+from xrlflow_jax import GraphBuilder, executor, measure
 from xrlflow_jax import graph as G
+from xrlflow_jax.ops import precision
 
 TOL = measure.DEFAULT_TOLERANCE
 
@@ -193,3 +195,36 @@ def test_compare_finds_a_large_real_speedup_and_checks_outputs():
   assert cmp.speedups[1].verdict == "unchanged"
   assert not cmp.numerics[0].passed and cmp.numerics[1].passed
   del fast_params
+
+
+# ---------------------------------------------------------------------------------------------
+# The numerics policy (`ops.precision`): one option, carried to every compiled executable.
+
+def _conv_matmul():
+  b = GraphBuilder(seed=0)
+  x = b.input((1, 3, 8, 8))
+  y = b.conv2d(x, b.weight((4, 3, 3, 3)))
+  b.output(b.matmul(b.reshape(y, (4, 64)), b.weight((64, 5))))
+  return b.build(capacity=16)
+
+
+def test_precision_policy_reaches_every_matmul_and_convolution():
+  graph, params = _conv_matmul()
+  seen = {}
+  for policy in ("highest", "high", "default", None):
+    lowered = executor.lower(graph, params, precision=policy)
+    inputs = lowered.check_inputs(lowered.random_inputs(0))
+    text = str(jax.make_jaxpr(lowered.apply)(lowered.consts, *inputs))
+    seen[policy] = (text.count("Precision.HIGHEST"), text.count("Precision.HIGH,"))
+    assert lowered.precision == precision.check(policy)
+  assert seen["highest"] == seen[None] and seen["highest"][0] >= 4  # conv and dot, both sides
+  assert seen["high"][0] == 0 and seen["high"][1] >= 2 and seen["default"] == (0, 0)
+  with pytest.raises(precision.PrecisionError, match="highest, high, default"):
+    executor.lower(graph, params, precision="tf32")
+  assert precision.tolerance("default") > precision.tolerance("highest")
+  assert precision.tolerance("highest") == measure.DEFAULT_TOLERANCE
+  # Both graphs of a comparison use the policy asked for (on a CPU every policy is float32).
+  cmp = measure.compare(graph, [graph], params, rounds=5, repeats_per_round=1,
+                        time_unchanged=True, tolerance=1e-6, precision="default")
+  assert cmp.numerics[0].passed
+  assert measure.check_numerics(graph, graph, params, precision="high").passed

@@ -204,7 +204,8 @@ def test_bad_sources(tmp_path):
     opt.optimize_model("squeezenet1_1", method="greedy", rules=["no_such_rule"], write=False)
   for bad, message in [(dict(budget=0), "budget"), (dict(capacity=-5), "capacity"),
                        (dict(latency_rounds=0), "latency rounds"),
-                       (dict(tolerance=float("nan")), "tolerance")]:
+                       (dict(tolerance=float("nan")), "tolerance"),
+                       (dict(precision="tf32"), "unknown precision policy 'tf32'.*--precision")]:
     with pytest.raises(opt.OptimizeError, match=message):
       opt.optimize_model("squeezenet1_1", method="greedy", **bad)
   a_file = tmp_path / "a_file"
@@ -310,3 +311,25 @@ def test_training_rewrites_replay_to_trainings_best_graph():
   if float(state.best_cost[0]) < float(state.initial_cost[0]):  # training improved the graph
     assert count >= 1
     assert opt.training_rewrites(loaded.graph, ruleset, state, loaded.graph) is None
+
+
+@pytest.mark.slow  # compiles an Expander over the TASO rules that can fire on tiny ResNeXt
+def test_taso_rule_set_through_the_job_replays(tmp_path, shared_dir):
+  """`rules=["taso:<file>"]`: the search runs on TASO's rules that can fire on the graph, the
+  report names the selection and the file, and rewrites.json replays from the file alone."""
+  rule_file = shared_dir / "taso" / "graph_subst.pb"
+  out = tmp_path / "out"
+  report = opt.optimize_model("resnext50", method="greedy", size="tiny", budget=3,
+                              rules=[f"taso:{rule_file}"], output_dir=out, keep_slower=True,
+                              picture=False, **FAST)
+  assert report.numerics.passed
+  d = report.details
+  assert d["rule_selection"] == [f"taso:{rule_file}"]
+  assert d["taso_file"] == str(rule_file.resolve())
+  kept = int(d["rules_kept"].split(" of ")[0])
+  assert 0 < kept < 113 and d["rules_kept"].endswith("of the 113 selected rules can fire on "
+                                                      "this graph"), d["rules_kept"]
+  assert all(name.startswith("taso_") for name in d["rules"]) and len(d["rules"]) == kept
+  data = json.loads((out / "rewrites.json").read_text())
+  assert data["taso_file"] == str(rule_file.resolve()) and data["rules"] == d["rules"]
+  assert _replay_hash(out, "resnext50", d["rules"], size="tiny") == report.hash_after

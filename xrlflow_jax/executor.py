@@ -21,6 +21,7 @@ from xrlflow_jax.errors import ShapeError
 from xrlflow_jax.graph import host, layout
 from xrlflow_jax.graph.params import ParamStore
 from xrlflow_jax.ops import DType, Op
+from xrlflow_jax.ops import precision as precision_lib
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,11 +67,14 @@ class LoweredGraph:
     consts: folded constant operands passed to the compiled function.
     apply: the pure function `apply(consts, *inputs)`, for composing under other transforms.
     compiled: `jax.jit(apply)`.
+    precision: the numerics policy it was lowered with (`ops.precision`).
   """
 
   def __init__(self, apply: Callable[..., tuple[jax.Array, ...]], consts: tuple[jax.Array, ...],
-               input_specs: list[InputSpec], num_outputs: int, *, jit: bool = True):
+               input_specs: list[InputSpec], num_outputs: int, *, jit: bool = True,
+               precision: str = precision_lib.DEFAULT_POLICY):
     self.apply = apply
+    self.precision = precision
     self.consts = consts
     self.input_specs = input_specs
     self.num_outputs = num_outputs
@@ -159,7 +163,8 @@ def _constant_operand(value: Any, node: int) -> jax.Array:
 
 
 def lower(graph: layout.Graph, params: ParamStore, *, jit: bool = True,
-          input_names: Sequence[str] | None = None) -> LoweredGraph:
+          input_names: Sequence[str] | None = None,
+          precision: str | None = None) -> LoweredGraph:
   """Lowers `graph` with weights from `params` to a callable.
 
   Args:
@@ -167,11 +172,19 @@ def lower(graph: layout.Graph, params: ParamStore, *, jit: bool = True,
     params: values of the Constant nodes.
     jit: compile with `jax.jit` (True) or run op by op (False, for debugging).
     input_names: names for error messages (default input0, input1, ...).
+    precision: the numerics policy of matmuls and convolutions, "highest" (default), "high"
+      or "default" (`ops.precision`); folded constants and the compiled program both use it.
   Returns:
     LoweredGraph: call it with the inputs positionally (in input_index order); it returns a
     tuple of the outputs in output_index order.
   """
-  g = layout.to_host(graph)
+  policy = precision_lib.check(precision)
+  with precision_lib.scope(policy):
+    return _lower(layout.to_host(graph), params, jit, input_names, policy)
+
+
+def _lower(g: layout.Graph, params: ParamStore, jit: bool, input_names: Sequence[str] | None,
+           policy: str) -> LoweredGraph:
   host.validate(g, params)
   nd = g.nodes
   table = layout.input_table(g)
@@ -212,6 +225,11 @@ def lower(graph: layout.Graph, params: ParamStore, *, jit: bool = True,
   input_pos = {v: i for i, v in inputs}
 
   def apply(const_args: tuple[jax.Array, ...], *input_args: jax.Array) -> tuple[jax.Array, ...]:
+    with precision_lib.scope(policy):  # traced later, outside `lower`'s scope
+      return _apply(const_args, input_args)
+
+  def _apply(const_args: tuple[jax.Array, ...],
+             input_args: tuple[jax.Array, ...]) -> tuple[jax.Array, ...]:
     env: dict[int, jax.Array] = {}
     def value(u: int) -> jax.Array:
       if u in env:
@@ -224,7 +242,7 @@ def lower(graph: layout.Graph, params: ParamStore, *, jit: bool = True,
         env[v] = _eval_node(g, v, [value(int(u)) for u in table[v] if u >= 0])
     return tuple(value(v) for _, v in outputs)
 
-  return LoweredGraph(apply, consts, specs, len(outputs), jit=jit)
+  return LoweredGraph(apply, consts, specs, len(outputs), jit=jit, precision=policy)
 
 
 def run(graph: layout.Graph, params: ParamStore, *inputs: Any) -> tuple[np.ndarray, ...]:

@@ -34,8 +34,9 @@ from xrlflow_jax.errors import XrlflowError
 from xrlflow_jax.graph import host as graph_host
 from xrlflow_jax.graph import layout
 from xrlflow_jax.graph.params import ParamStore
+from xrlflow_jax.ops import precision as precision_lib
 
-DEFAULT_TOLERANCE = 1e-3
+DEFAULT_TOLERANCE = precision_lib.TOLERANCE[precision_lib.DEFAULT_POLICY]  # 1e-3
 LEVEL = 0.95
 RESAMPLES = 2000
 MIN_ROUNDS = 5
@@ -144,11 +145,12 @@ def compare_outputs(reference: Sequence[Any], candidate: Sequence[Any], *,
 
 
 def check_numerics(reference: layout.Graph, candidate: layout.Graph, params: ParamStore, *,
-                   seed: int = 0, tolerance: float = DEFAULT_TOLERANCE) -> NumericsCheck:
-  """Runs both graphs on the same random inputs (`executor.lower(...).random_inputs(seed)`)
-  and compares every output (`compare_outputs`)."""
-  ref = executor.lower(reference, params)
-  new = executor.lower(candidate, params)
+                   seed: int = 0, tolerance: float = DEFAULT_TOLERANCE,
+                   precision: str | None = None) -> NumericsCheck:
+  """Runs both graphs on the same random inputs (`executor.lower(...).random_inputs(seed)`),
+  both under the numerics policy `precision`, and compares every output (`compare_outputs`)."""
+  ref = executor.lower(reference, params, precision=precision)
+  new = executor.lower(candidate, params, precision=precision)
   inputs = ref.random_inputs(seed)
   return compare_outputs(ref(*inputs), new(*inputs), tolerance=tolerance)
 
@@ -276,14 +278,15 @@ def check_settings(rounds: int, repeats_per_round: int, warmup: int = 0) -> None
 def compare(reference: layout.Graph, candidates: Sequence[layout.Graph], params: ParamStore, *,
             rounds: int = 10, repeats_per_round: int = 3, warmup: int = 2,
             backend: str | None = None, seed: int = 0, tolerance: float | None = None,
-            time_unchanged: bool = False) -> Comparison:
+            time_unchanged: bool = False, precision: str | None = None) -> Comparison:
   """Times `candidates` against `reference` side by side, with an identical copy as control.
 
   Candidates with the reference's structural hash are "unchanged" and not timed; candidates
   equal to each other are compiled once. With `tolerance`, each candidate's outputs (of its
   compiled executable, same random inputs as the reference) are compared too.
   `time_unchanged=True` (A/A experiments) compiles and times unchanged candidates like any
-  other, so their verdicts measure the false-positive rate.
+  other, so their verdicts measure the false-positive rate. Every executable is compiled under
+  one numerics policy, `precision` (`ops.precision`; default "highest").
 
   Raises:
     MeasurementError: bad settings. BackendError, DeviceMemoryError: see `cost.latency`.
@@ -303,11 +306,13 @@ def compare(reference: layout.Graph, candidates: Sequence[layout.Graph], params:
       slot[h] = 2 + len(changed)
       changed.append(g)
   compiled = [latency.compile_graph(reference, params, device=device, seed=seed,
-                                    what="the reference graph")]
+                                    precision=precision, what="the reference graph")]
   if changed:
     compiled.append(latency.compile_graph(reference, params, device=device, seed=seed,
+                                          precision=precision,
                                           what="the reference's identical copy"))
-  compiled += [latency.compile_graph(g, params, device=device, seed=seed, what=f"candidate {i}")
+  compiled += [latency.compile_graph(g, params, device=device, seed=seed, precision=precision,
+                                     what=f"candidate {i}")
                for i, g in enumerate(changed)]
   times = latency.time_interleaved(compiled, rounds=rounds, repeats_per_round=repeats_per_round,
                                    warmup=warmup, seed=seed)
@@ -385,7 +390,8 @@ def measure_side_by_side(reference: layout.Graph, graphs: Sequence[layout.Graph]
                          params: ParamStore, *, rounds: int = 10, repeats_per_round: int = 3,
                          warmup: int = 2, min_round_ms: float = 30.0, batch_size: int = 16,
                          max_batch_mb: float = 2000.0, backend: str | None = None, seed: int = 0,
-                         log: Callable[[str], None] | None = None) -> SideBySide:
+                         log: Callable[[str], None] | None = None,
+                         precision: str | None = None) -> SideBySide:
   """Measures `graphs` against `reference`, interleaved, in batches bounded in count and memory.
 
   Every batch compiles two copies of the reference and up to `batch_size` graphs (fewer when
@@ -396,7 +402,7 @@ def measure_side_by_side(reference: layout.Graph, graphs: Sequence[layout.Graph]
   """
   device = latency.resolve_device(backend)
   first = latency.compile_graph(reference, params, device=device, seed=seed,
-                                what="the reference graph")
+                                precision=precision, what="the reference graph")
   ref_guess = float(np.median(latency.time_callable(first.fn, first.args, warmup=warmup,
                                                     repeats=5)))
   repeats_per_round = max(repeats_per_round, int(np.ceil(min_round_ms / max(ref_guess, 1e-3))))
@@ -416,7 +422,7 @@ def measure_side_by_side(reference: layout.Graph, graphs: Sequence[layout.Graph]
     order.insert(2 * len(chunk) // 3, None)
     order.insert(len(chunk) // 3, None)
     built = [latency.compile_graph(reference if i is None else graphs[i], params,
-                                   device=device, seed=seed,
+                                   device=device, seed=seed, precision=precision,
                                    what="the reference" if i is None else f"variant {i}")
              for i in order]
     refs = [c for c, i in zip(built, order) if i is None]

@@ -13,6 +13,7 @@ import jax
 from xrlflow_jax import cost, workflow
 from xrlflow_jax.agents.networks import Agent, AgentConfig, AgentError
 from xrlflow_jax.agents.ppo import PPOConfig, Trainer
+from xrlflow_jax.cost import calibrate
 from xrlflow_jax.env import GraphRewriteEnv
 from xrlflow_jax.graph import Graph, ParamStore
 from xrlflow_jax.rules import RuleSet
@@ -55,8 +56,9 @@ select_rules = workflow.select_rules  # the one home: xrlflow_jax/workflow/rules
 
 
 def load_cost(path: str) -> cost.CostCoefficients:
-  """Coefficients from a JSON file, or ("") the shipped fit for the default device."""
-  return cost.load_coefficients(path=path or None)
+  """Coefficients from a JSON file, or (""): the default device's shipped fit or calibration,
+  calibrated now when there is none (`cost.calibrate.coefficients`)."""
+  return calibrate.coefficients(path or None)
 
 
 def build(config: Any, devices: Sequence[jax.Device] | None = None,

@@ -3,12 +3,16 @@ r"""Command line of the cost package.
     python -m xrlflow_jax.cost profile --model=bert [--size=tiny] [--cache_dir=DIR]
     python -m xrlflow_jax.cost profile --model=../shared/models/squeezenet1_1.onnx
     python -m xrlflow_jax.cost fit --models=all --sizes=tiny,default --out=cost_cpu.json
+    python -m xrlflow_jax.cost calibrate [--quick] [--out=FILE]
     python -m xrlflow_jax.cost cost --model=resnet18 --size=tiny [--measure]
 
 `profile` prints a per-op table (measuring only signatures not yet in the cache); `fit` profiles
 the given models (and random rewritten variants of them, so merged and enlarged ops are covered)
-and fits the cost model's coefficients for this device; `cost` prints the modelled cost of a
-model (and, with --measure, its measured latency).
+and fits the cost model's coefficients for this device; `calibrate` does the same on a fixed
+suite of zoo models and writes this machine's calibration for the device kind (what the
+optimise job, the search API and training do on first use on a device kind the package has no
+fit for); `cost` prints the modelled cost of a model (and, with --measure, its measured
+latency).
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import jax
 import numpy as np
 
 from xrlflow_jax import models
+from xrlflow_jax.cost import calibrate as calibrate_lib
 from xrlflow_jax.cost import fit as fit_lib
 from xrlflow_jax.cost import latency
 from xrlflow_jax.cost import model as cost_model
@@ -94,6 +99,15 @@ def cmd_fit(args: argparse.Namespace) -> int:
   return 0
 
 
+def cmd_calibrate(args: argparse.Namespace) -> int:
+  cal = calibrate_lib.calibrate(quick=args.quick, out=args.out, backend=args.backend,
+                                profile_cache=args.cache_dir, repeats=args.repeats,
+                                log=lambda m: print(m, flush=True))
+  for n, v in cal.coeffs.named().items():
+    print(f"  {n:<22}{v:.6g}")
+  return 0
+
+
 def cmd_cost(args: argparse.Namespace) -> int:
   graph, params, name = variants_lib.load_model(args.model, args.size)
   device = latency.resolve_device(args.backend)
@@ -149,6 +163,14 @@ def build_parser() -> argparse.ArgumentParser:
   q.add_argument("--out", default=None, help="output JSON (default: the package's data file)")
   common(q)
   q.set_defaults(fn=cmd_fit)
+
+  q = sub.add_parser("calibrate", help="calibrate this device on a fixed suite of zoo models "
+                     "(what the optimise job and training do on first use)")
+  q.add_argument("--quick", action="store_true", help="the quick suite (four tiny models)")
+  q.add_argument("--out", default=None, help="output JSON (default: this machine's calibration "
+                                             "file for the device kind)")
+  common(q)
+  q.set_defaults(fn=cmd_calibrate)
 
   q = sub.add_parser("cost", help="modelled (and measured) latency of a model")
   q.add_argument("--model", required=True)

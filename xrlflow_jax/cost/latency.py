@@ -109,8 +109,9 @@ class CompiledGraph:
 
 def compile_graph(graph: layout.Graph, params: ParamStore, *, backend: str | None = None,
                   device: jax.Device | None = None, seed: int = 0,
-                  what: str = "the graph") -> CompiledGraph:
+                  what: str = "the graph", precision: str | None = None) -> CompiledGraph:
   """Lowers (validating the graph), places operands on the device and compiles ahead of time.
+  `precision`: the numerics policy of matmuls and convolutions (`ops.precision`).
 
   Raises:
     GraphValidationError (and its subclasses): the graph is invalid.
@@ -118,7 +119,7 @@ def compile_graph(graph: layout.Graph, params: ParamStore, *, backend: str | Non
   """
   device = device or resolve_device(backend)
   t0 = time.perf_counter()
-  lowered = executor.lower(graph, params)
+  lowered = executor.lower(graph, params, precision=precision)
   nbytes = int(sum(np.asarray(c).nbytes for c in lowered.consts))
   try:
     inputs = [jax.device_put(x, device)

@@ -11,7 +11,7 @@ graph's outputs are compared with the original's on the same random inputs. Mode
     loaded = workflow.load("squeezenet1_1", size="tiny")
     graph, params = loaded.graph, loaded.params
     ruleset = B.make_ruleset(["all"], max_locations=16)
-    coeffs = cost.load_coefficients()
+    coeffs = cost.coefficients()
     out = B.run_search("greedy", graph, params, ruleset, coeffs, {"max_steps": 20})
     measured = B.measure_outcomes(graph, params, [out.graph])  # verdict, numerics
 

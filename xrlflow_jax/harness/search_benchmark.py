@@ -13,10 +13,12 @@ from typing import Any
 
 import numpy as np
 
+from xrlflow_jax.cost import calibrate
 from xrlflow_jax.cost import model as cost_model
 from xrlflow_jax.graph import host as graph_host
 from xrlflow_jax.graph import layout
 from xrlflow_jax.graph.params import ParamStore
+from xrlflow_jax.rules import RuleSet
 from xrlflow_jax.search.api import default_ruleset, optimize
 from xrlflow_jax.search.expand import Expander
 
@@ -62,12 +64,12 @@ class SearchSpeed:
 
 def time_search(label: str, graph: layout.Graph, params: ParamStore, *, method: str = "taso",
                 coeffs: cost_model.CostCoefficients | None = None,
-                **options: Any) -> SearchSpeed:
-  """Runs `method` twice on `graph` with a fresh Expander of `default_ruleset(graph)`: the
-  first call compiles, the second is warm. Both must find the same graph (the search is
-  deterministic); a difference raises AssertionError."""
-  coeffs = coeffs if coeffs is not None else cost_model.load_coefficients()
-  ruleset = default_ruleset(graph)
+                ruleset: RuleSet | None = None, **options: Any) -> SearchSpeed:
+  """Runs `method` twice on `graph` with a fresh Expander of `ruleset` (default
+  `default_ruleset(graph)`): the first call compiles, the second is warm. Both must find the
+  same graph (the search is deterministic); a difference raises AssertionError."""
+  coeffs = coeffs if coeffs is not None else calibrate.coefficients()
+  ruleset = ruleset if ruleset is not None else default_ruleset(graph)
   expander = Expander(ruleset, coeffs)
   t = time.perf_counter()
   cold = optimize(graph, params, method, expander=expander, **options)

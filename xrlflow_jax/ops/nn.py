@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from xrlflow_jax.ops import spec
+from xrlflow_jax.ops import precision, spec
 from xrlflow_jax.ops.codes import Op
 from xrlflow_jax.ops.spec import MAX_RANK as R
 from xrlflow_jax.ops.spec import Activation, AttrField, OpSpec
@@ -78,7 +78,7 @@ def _conv_lower(inputs, a, out_shape, out_dtype):
   y = lax.conv_general_dilated(
       x, w.astype(x.dtype), window_strides=a["strides"], padding=((pt, pb), (pl, pr)),
       rhs_dilation=a["dilations"], dimension_numbers=("NCHW", "OIHW", "NCHW"),
-      feature_group_count=a["groups"], precision=lax.Precision.HIGHEST)
+      feature_group_count=a["groups"], precision=precision.current())
   if len(inputs) > 2:
     y = y + inputs[2].astype(y.dtype)[None, :, None, None]
   return apply_activation(y, a["activation"])
@@ -142,7 +142,7 @@ def _conv_transpose_lower(inputs, a, out_shape, out_dtype):
   y = lax.conv_general_dilated(
       x, w, window_strides=(1, 1), padding=padding, lhs_dilation=a["strides"],
       rhs_dilation=a["dilations"], dimension_numbers=("NCHW", "OIHW", "NCHW"),
-      feature_group_count=g, precision=lax.Precision.HIGHEST)
+      feature_group_count=g, precision=precision.current())
   if len(inputs) > 2:
     y = y + inputs[2].astype(y.dtype)[None, :, None, None]
   return apply_activation(y, a["activation"])
@@ -186,7 +186,7 @@ def _matmul_rule(xp, in_shapes, in_ranks, attrs, n_inputs):
 
 
 def _matmul_lower(inputs, a, out_shape, out_dtype):
-  y = jnp.matmul(inputs[0], inputs[1].astype(inputs[0].dtype), precision=lax.Precision.HIGHEST)
+  y = jnp.matmul(inputs[0], inputs[1].astype(inputs[0].dtype), precision=precision.current())
   return apply_activation(y, a["activation"])
 
 

@@ -17,6 +17,7 @@ from xrlflow_jax import graph as G
 from xrlflow_jax.errors import ShapeError, UsageError
 from xrlflow_jax.graph import layout
 from xrlflow_jax.measure import MeasurementError, check_settings
+from xrlflow_jax.ops import precision as precision_lib
 from xrlflow_jax.ops.spec import checked_dims
 from xrlflow_jax.search.result import JOB_METHODS as METHODS
 from xrlflow_jax.workflow import SIZES, Loaded, resolve
@@ -94,8 +95,8 @@ def check_output_dir(path: str | os.PathLike) -> Path:
 def check_request(source: str, *, method: str, size: str,
                   input_shapes: Mapping[str, Sequence[int]] | None, output_dir: Any,
                   budget: int | None, capacity: int | None, latency_rounds: int,
-                  repeats_per_round: int, tolerance: float,
-                  write: bool) -> dict[str, tuple[int, ...]]:
+                  repeats_per_round: int, tolerance: float | None, write: bool,
+                  precision: str | None = None) -> dict[str, tuple[int, ...]]:
   """Every argument of `optimize_model` that can be checked without loading: OptimizeError
   (or MeasurementError) naming the argument. Returns the input shapes as int tuples."""
   if method not in METHODS:
@@ -104,7 +105,12 @@ def check_request(source: str, *, method: str, size: str,
     raise OptimizeError(f"unknown size {size!r}; sizes are {', '.join(SIZES)}")
   _positive_int(budget, "the budget (--budget)")
   _positive_int(capacity, "the capacity (--capacity)")
-  if not (isinstance(tolerance, (int, float)) and math.isfinite(tolerance) and tolerance >= 0):
+  try:
+    precision_lib.check(precision)
+  except precision_lib.PrecisionError as e:
+    raise OptimizeError(f"{e} (--precision)") from None
+  if tolerance is not None and not (isinstance(tolerance, (int, float))
+                                    and math.isfinite(tolerance) and tolerance >= 0):
     raise OptimizeError(f"the numerics tolerance must be a finite number >= 0, got "
                         f"{tolerance!r}")
   try:  # checked even with measure_latency=False: a bad value is a mistake either way

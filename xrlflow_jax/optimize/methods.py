@@ -18,6 +18,7 @@ from xrlflow_jax.configs import ppo as ppo_configs
 from xrlflow_jax.graph import layout
 from xrlflow_jax.optimize.checks import OptimizeError
 from xrlflow_jax.rules.library import builtin_rules
+from xrlflow_jax.rules.ruleset import graph_op_codes, rules_that_can_fire
 from xrlflow_jax.workflow import Loaded
 
 # What `budget` means for each search method (the option of `search.optimize` it sets).
@@ -57,37 +58,52 @@ def _found_from_result(result: Any, found_by: str) -> Found:
 def run_search(loaded: Loaded, method: str, coeffs: cost.CostCoefficients, *, seed: int = 0,
                rules: Sequence[str] | None = None, max_locations: int = 16,
                options: Mapping[str, Any] | None = None) -> Found:
-  """A baseline search ("greedy", "taso", "beam", "random") on the cost model."""
-  ruleset = _ruleset(rules, max_locations) if rules else search.default_ruleset(loaded.graph)
+  """A baseline search ("greedy", "taso", "beam", "random") on the cost model, over the rules
+  of the selection `rules` (default: every built-in rule) that can fire on the graph: rules
+  whose source ops cannot occur are not compiled (`rules.rules_that_can_fire`)."""
+  if rules:
+    selected = _ruleset(rules, max_locations)
+    firing = (rules_that_can_fire(selected.rules, graph_op_codes([loaded.graph]))
+              or selected.rules[:1])  # a RuleSet needs a rule; this one then finds nothing
+    ruleset = workflow.subset(selected, [r.name for r in firing])
+    kept = f"{len(ruleset)} of the {len(selected)} selected rules can fire on this graph"
+  else:
+    ruleset = search.default_ruleset(loaded.graph)
+    kept = f"{len(ruleset)} of {len(builtin_rules())} built-in rules can fire on this graph"
   result = search.optimize(loaded.graph, loaded.params, method, ruleset, coeffs, measure=False,
                            seed=seed, **dict(options or {}))
   found = _found_from_result(result, method)
-  found.details.update(_ruleset_details(ruleset, default=search.is_default(ruleset)))
-  if not rules:
-    found.details["rules_kept"] = (f"{len(ruleset)} of {len(builtin_rules())} built-in rules "
-                                   "can fire on this graph")
+  found.details.update(_ruleset_details(ruleset, rules or (), default=search.is_default(ruleset)))
+  found.details["rules_kept"] = kept
   return found
 
 
-def _ruleset_details(ruleset: Any, default: bool = False) -> dict[str, Any]:
+def _ruleset_details(ruleset: Any, selection: Sequence[str] = (), default: bool = False
+                     ) -> dict[str, Any]:
   """What replaying needs to rebuild the rule set: rule names (["all"] for the search's
-  default, every built-in rule) and locations per rule."""
-  return {"rules": ["all"] if default else list(ruleset.names),
-          "max_locations": int(ruleset.max_locations)}
+  default, every built-in rule), locations per rule, and the TASO rule file when TASO's rules
+  are among them; `selection` is what was asked for (report only)."""
+  out: dict[str, Any] = {"rules": ["all"] if default else list(ruleset.names),
+                         "max_locations": int(ruleset.max_locations),
+                         "rule_selection": list(selection) or ["builtin"]}
+  if any(r.family == "taso" for r in ruleset.rules):
+    out["taso_file"] = workflow.taso_file(selection)
+  return out
 
 
 def ruleset_for_replay(rewrites_json: Mapping[str, Any]):
   """The RuleSet a rewrites.json was found with (for `search.replay`)."""
   if rewrites_json.get("rules") in (None, ["all"]):
     return search.default_ruleset()
-  return _ruleset(rewrites_json["rules"], int(rewrites_json["max_locations"]))
+  return _ruleset(rewrites_json["rules"], int(rewrites_json["max_locations"]),
+                  rewrites_json.get("taso_file"))
 
 
-def _ruleset(names: Sequence[str], max_locations: int):
-  """`workflow.ruleset` (one cached object per (names, max_locations), so the search's compiled
-  Expander is reused by later calls); unknown names: OptimizeError listing the built-in rules."""
+def _ruleset(names: Sequence[str], max_locations: int, taso_file: str | None = None):
+  """`workflow.ruleset` (one cached object per selection, so the search's compiled Expander is
+  reused by later calls); a bad selection: OptimizeError listing what exists."""
   try:
-    return workflow.ruleset(names, max_locations)
+    return workflow.ruleset(names, max_locations, taso_file_path=taso_file)
   except workflow.RuleSelectionError as e:
     raise OptimizeError(str(e)) from None
 
@@ -169,7 +185,7 @@ def run_ppo(loaded: Loaded, coeffs: cost.CostCoefficients, *, budget: int | None
                                                       state.best_graph))
   details: dict[str, Any] = {"train_seconds": train_s, "train_updates":
                              trainer.config.num_updates, "train_best_cost_ms": train_cost,
-                             **_ruleset_details(ruleset)}
+                             **_ruleset_details(ruleset, config.env.rules)}
   policy = search.optimize(loaded.graph, loaded.params, "policy", ruleset, coeffs, measure=False,
                            seed=seed, **_policy_options(trainer, state, options))
   found = _found_from_result(policy, "policy")

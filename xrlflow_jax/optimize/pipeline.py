@@ -12,8 +12,9 @@ from typing import Any, Callable, Mapping, Sequence
 
 from xrlflow_jax import compilation_cache, cost
 from xrlflow_jax import graph as G
-from xrlflow_jax.measure import (DEFAULT_TOLERANCE, Comparison, NumericsError, Speedup,
-                                 check_numerics, compare)
+from xrlflow_jax.cost import calibrate
+from xrlflow_jax.measure import Comparison, NumericsError, Speedup, check_numerics, compare
+from xrlflow_jax.ops import precision as precision_lib
 from xrlflow_jax.optimize import checks, methods
 from xrlflow_jax.optimize.methods import BUDGET_OPTION, Found
 from xrlflow_jax.optimize.report import OptimizeReport, default_output_dir, write_outputs
@@ -31,8 +32,9 @@ def load_source(source: str, *, size: str = "tiny",
 
 @functools.lru_cache(maxsize=4)
 def _coefficients(path: str) -> cost.CostCoefficients:
-  """Cost-model coefficients from a JSON file ("": the shipped fit), loaded once per process."""
-  return cost.load_coefficients(path=path or None)
+  """Cost-model coefficients from a JSON file, or (""): this device's shipped fit or
+  calibration, calibrated on first use (`cost.calibrate.coefficients`); once per process."""
+  return calibrate.coefficients(path or None)
 
 
 def measured_guard(loaded: Loaded, found: Found, comparison: Comparison
@@ -69,7 +71,8 @@ def optimize_model(source: str = DEFAULT_MODEL, *, method: str = "ppo", size: st
                    rules: Sequence[str] | None = None, search_options:
                    Mapping[str, Any] | None = None, measure: bool = True,
                    latency_rounds: int = 10, repeats_per_round: int = 3,
-                   tolerance: float = DEFAULT_TOLERANCE, picture: bool = True,
+                   tolerance: float | None = None, precision: str | None = None,
+                   picture: bool = True,
                    cost_coefficients: str | None = None, write: bool = True,
                    keep_slower: bool = False, compilation_cache_dir: str | None = None,
                    log: Callable[[str], None] = print) -> OptimizeReport:
@@ -88,8 +91,12 @@ def optimize_model(source: str = DEFAULT_MODEL, *, method: str = "ppo", size: st
       `default_ppo_rules`, the test config's five when they apply).
     search_options: extra keyword options of `search.optimize`.
     measure: time both graphs with XLA (latency_rounds x repeats_per_round runs each).
-    tolerance: bound on max |a - b| / (1 + |a|) of the outputs.
-    picture: draw graph.png; cost_coefficients: a JSON file ("": the shipped fit).
+    tolerance: bound on max |a - b| / (1 + |a|) of the outputs (default: the policy's,
+      `ops.precision.tolerance`: 1e-3 at "highest").
+    precision: numerics policy of matmuls and convolutions for both graphs ("highest",
+      default; "high", "default": faster on GPUs, TF32/bf16), recorded in the report.
+    picture: draw graph.png; cost_coefficients: a JSON file (None: this device's shipped fit
+      or calibration, calibrated on first use: `cost.calibrate.coefficients`).
     write: write the output files (False: only return the report).
     keep_slower: keep the optimised graph even when XLA measured it no faster than the input
       (default: the input is returned instead, see `measured_guard`).
@@ -101,7 +108,10 @@ def optimize_model(source: str = DEFAULT_MODEL, *, method: str = "ppo", size: st
   input_shapes = checks.check_request(
       str(source), method=method, size=size, input_shapes=input_shapes, output_dir=output_dir,
       budget=budget, capacity=capacity, latency_rounds=latency_rounds,
-      repeats_per_round=repeats_per_round, tolerance=tolerance, write=write)
+      repeats_per_round=repeats_per_round, tolerance=tolerance, precision=precision,
+      write=write)
+  policy = precision_lib.check(precision)
+  tolerance = precision_lib.tolerance(policy) if tolerance is None else tolerance
   cache_dir = compilation_cache.enable(compilation_cache_dir)
   times: dict[str, float] = {}
   t = time.perf_counter()
@@ -143,13 +153,15 @@ def optimize_model(source: str = DEFAULT_MODEL, *, method: str = "ppo", size: st
   lat_before = lat_after = verdict = None
   if measure:  # one set of compiles: the timed executables' outputs are the numerics check
     comparison = compare(loaded.graph, [best], loaded.params, rounds=latency_rounds,
-                         repeats_per_round=repeats_per_round, seed=seed, tolerance=tolerance)
+                         repeats_per_round=repeats_per_round, seed=seed, tolerance=tolerance,
+                         precision=policy)
     numerics = comparison.numerics[0]
     lat_before, lat_after, verdict = (comparison.reference, comparison.candidates[0],
                                       comparison.speedups[0])
     times["check+measure"] = time.perf_counter() - t
   else:
-    numerics = check_numerics(loaded.graph, best, loaded.params, seed=seed, tolerance=tolerance)
+    numerics = check_numerics(loaded.graph, best, loaded.params, seed=seed, tolerance=tolerance,
+                              precision=policy)
     times["check"] = time.perf_counter() - t
   if not numerics.passed:
     raise NumericsError(f"the optimised graph's outputs differ from the original's: "
@@ -170,7 +182,7 @@ def optimize_model(source: str = DEFAULT_MODEL, *, method: str = "ppo", size: st
       latency_before=lat_before, latency_after=lat_after, measured=verdict, numerics=numerics,
       rewrites=found.rewrites, hash_before=G.structural_hash(loaded.graph),
       hash_after=G.structural_hash(best), seconds=times, details=found.details,
-      input_graph=loaded.graph, graph=best, params=loaded.params)
+      input_graph=loaded.graph, graph=best, params=loaded.params, precision=policy)
   if write:
     t = time.perf_counter()
     report.output_dir = str(out)

@@ -33,6 +33,7 @@ class OptimizeReport:
     measured: the speedup verdict of the graph returned (`measure.Speedup`; "unchanged" when
       the input is returned), or None when not measured.
     numerics: the output comparison; rewrites: the replayable steps (None: not recorded).
+    precision: the numerics policy both graphs were compiled with (`ops.precision`).
     hash_before, hash_after: structural hashes; seconds: {stage: wall seconds}.
     output_dir: where files were written ("" when none); files: {kind: path}.
     details: the search's own figures.
@@ -63,6 +64,7 @@ class OptimizeReport:
   graph: Any = dataclasses.field(default=None, repr=False)
   params: Any = dataclasses.field(default=None, repr=False)
   measured: Speedup | None = None
+  precision: str = "highest"
 
   @property
   def modelled_speedup(self) -> float:
@@ -90,7 +92,7 @@ class OptimizeReport:
         "modelled_speedup": self.modelled_speedup, "measured_speedup": self.measured_speedup,
         "measured": None if self.measured is None else self.measured.to_json(),
         "latency_before": lat(self.latency_before), "latency_after": lat(self.latency_after),
-        "numerics": dataclasses.asdict(self.numerics),
+        "numerics": dataclasses.asdict(self.numerics), "precision": self.precision,
         "num_rewrites": None if self.rewrites is None else len(self.rewrites),
         "hash_before": self.hash_before, "hash_after": self.hash_after,
         "seconds": self.seconds, "output_dir": self.output_dir, "files": self.files,
@@ -128,7 +130,7 @@ class OptimizeReport:
         + ("not measured" if self.measured is None else
            f"{self.measured.describe()}{device if meas is not None else ''}"),
         f"rewrites: {nrw} (found by {self.found_by}){returned}",
-        f"numerics: {n.describe()}",
+        f"numerics: {n.describe()} (precision {self.precision})",
         "time: " + ", ".join(f"{k} {v:.1f}s" for k, v in self.seconds.items()),
     ]
     if self.random_weights:
@@ -179,7 +181,8 @@ def _write_files(report: OptimizeReport, loaded: Loaded, best: layout.Graph, fol
   (folder / "rewrites.json").write_text(json.dumps(
       {"source": report.source, "method": report.method, "found_by": report.found_by,
        "rules": report.details.get("rules"),
-       "max_locations": report.details.get("max_locations"), "hash_before": report.hash_before,
+       "max_locations": report.details.get("max_locations"),
+       "taso_file": report.details.get("taso_file"), "hash_before": report.hash_before,
        "hash_after": report.hash_after, "capacity": G.capacity(loaded.graph),
        "recorded": report.rewrites is not None, "rewrites": report.rewrites or []},
       indent=2) + "\n")

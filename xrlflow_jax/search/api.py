@@ -7,6 +7,7 @@ from typing import Any, Callable
 
 from xrlflow_jax import compilation_cache
 from xrlflow_jax.measure import check_settings, compare
+from xrlflow_jax.cost import calibrate
 from xrlflow_jax.cost import model as cost_model
 from xrlflow_jax.graph import layout
 from xrlflow_jax.graph.params import ParamStore
@@ -70,7 +71,8 @@ def optimize(graph: layout.Graph, params: ParamStore, method: str = "taso",
     method: "greedy", "taso", "beam", "random" or "policy".
     ruleset: the rules (default: the built-in rules that can fire on `graph`,
       `default_ruleset(graph)`; for "policy", the agent's).
-    coeffs: cost-model coefficients (default: `cost.load_coefficients()` for this device).
+    coeffs: cost-model coefficients (default: this device's, `cost.calibrate.coefficients()`:
+      the shipped fit, or a calibration made on first use).
     expander: a compiled Expander to reuse (overrides ruleset and coeffs).
     measure: time the input and the best graph side by side and return the input unless the
       best is measured significantly faster (`measure.compare`; else the guard uses the
@@ -79,7 +81,8 @@ def optimize(graph: layout.Graph, params: ParamStore, method: str = "taso",
     from JAX's persistent compilation cache, which this turns on: `compilation_cache.enable`)
     and the number of `rules`.
     seed: PRNG seed (random and policy). measure_options: keyword options of
-      `measure.compare` (rounds, repeats_per_round, warmup, backend, seed), checked first.
+      `measure.compare` (rounds, repeats_per_round, warmup, backend, seed, precision), checked
+      first.
     **options: the method's settings (see the package docstring), e.g. budget=, alpha= (taso),
       beam_width=, steps= (beam), agent=, network_params= (policy).
   Raises:
@@ -104,7 +107,7 @@ def optimize(graph: layout.Graph, params: ParamStore, method: str = "taso",
         raise SearchError("method 'policy' needs agent= (and network_params=)")
       ruleset = agent.ruleset
     ruleset = ruleset if ruleset is not None else default_ruleset(graph)
-    coeffs = coeffs if coeffs is not None else cost_model.load_coefficients()
+    coeffs = coeffs if coeffs is not None else calibrate.coefficients()
     expander = get_expander(ruleset, coeffs)
   if method == "policy":
     missing = [k for k in ("agent", "network_params") if options.get(k) is None]
