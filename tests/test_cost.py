@@ -488,14 +488,14 @@ def test_calibration_on_first_use(tmp_path, monkeypatch):
     M.load_coefficients()
   with pytest.raises(M.CostModelError, match="no cost-model coefficients"):
     calibrate.coefficients(calibrate_missing=False)
-  monkeypatch.setattr(calibrate, "QUICK_SUITE", (("squeezenet1_1", "tiny"),))
+  monkeypatch.setattr(calibrate, "FULL_SUITE", (("squeezenet1_1", "tiny"),))
   logs: list[str] = []
   coeffs = calibrate.coefficients(log=logs.append)
   assert logs[0].startswith("no cost-model coefficients for device kind 'cpu'"), logs
   assert any(m.startswith("calibrated cpu in ") for m in logs), logs
   path = tmp_path / "calibrated" / "cost_cpu.json"
   fit = json.loads(path.read_text())["fit"]
-  assert fit["calibration"] == "quick" and fit["suite"] == ["squeezenet1_1[tiny]"]
+  assert fit["calibration"] == "full" and fit["suite"] == ["squeezenet1_1[tiny]"]
   assert fit["seconds"] > 0 and fit["rows"] > 5
   assert np.isfinite(np.asarray(coeffs.weights)).all() and float(coeffs.call_ms) >= 0
   graph, _ = models.build("squeezenet1_1", "tiny")

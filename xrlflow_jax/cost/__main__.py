@@ -166,7 +166,8 @@ def build_parser() -> argparse.ArgumentParser:
 
   q = sub.add_parser("calibrate", help="calibrate this device on a fixed suite of zoo models "
                      "(what the optimise job and training do on first use)")
-  q.add_argument("--quick", action="store_true", help="the quick suite (four tiny models)")
+  q.add_argument("--quick", action="store_true",
+                 help="the quick suite (four tiny models; a rougher fit)")
   q.add_argument("--out", default=None, help="output JSON (default: this machine's calibration "
                                              "file for the device kind)")
   common(q)
