@@ -5,7 +5,8 @@ and a breakdown of one step (which part is the bottleneck).
     python -m experiments.env_benchmark --models=resnet18 --batches=1,16 --size=tiny
 
 Models are ONNX paths, names of files in ../shared/models (bert_base, resnext50, ...), or zoo
-names. Default capacity (1024 slots), whole built-in rule set, L locations per rule.
+names (`workflow.load`), at the loader's capacity (1.3 x the nodes rounded up to 64; the README's
+figures used --capacity=1024); whole built-in rule set, L locations per rule.
 """
 
 from __future__ import annotations
@@ -17,35 +18,24 @@ from pathlib import Path
 import jax
 from absl import app, flags
 
-from xrlflow_jax import cost, models
+from xrlflow_jax import cost, workflow
 from xrlflow_jax import graph as G
 from xrlflow_jax.env import GraphRewriteEnv
 from xrlflow_jax.harness import env_benchmark as bench
 from xrlflow_jax.rules import RuleSet
 from xrlflow_jax.rules.library import builtin_rules
 
-_SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "models"
 _MODELS = flags.DEFINE_list("models", ["bert_base", "resnext50"],
                             "ONNX paths, ../shared/models stems, or zoo names.")
 _SIZE = flags.DEFINE_enum("size", "default", ["default", "tiny"], "Zoo model size.")
-_CAPACITY = flags.DEFINE_integer("capacity", None, "Node slots (default: the loader's).")
+_CAPACITY = flags.DEFINE_integer("capacity", None, "Node slots (default: the loader's, 1.3 x "
+                                 "the nodes rounded up to 64).")
 _BATCHES = flags.DEFINE_list("batches", ["1", "16", "64", "256"], "Environments per batch.")
 _STEPS = flags.DEFINE_integer("steps", 10, "Steps per timed rollout (one lax.scan).")
 _REPEATS = flags.DEFINE_integer("repeats", 2, "Timed rollouts (best is reported).")
 _LOCATIONS = flags.DEFINE_integer("max_locations", 64, "L: locations kept per rule.")
 _HORIZON = flags.DEFINE_integer("horizon", 50, "Episode horizon.")
 _PARTS = flags.DEFINE_integer("parts_batch", 16, "Batch for the per-part breakdown (0: skip).")
-
-
-def load(model: str):
-  """(graph, params) of an ONNX path, a ../shared/models stem, or a zoo name."""
-  path = Path(model)
-  if not model.endswith(".onnx") and (_SHARED / f"{model}.onnx").exists():
-    path = _SHARED / f"{model}.onnx"
-  if path.suffix == ".onnx":
-    from xrlflow_jax import onnx_io  # pylint: disable=g-import-not-at-top
-    return onnx_io.load(str(path), random_weights=True, capacity=_CAPACITY.value)
-  return models.build(model, _SIZE.value, capacity=_CAPACITY.value)
 
 
 def main(argv: list[str]) -> None:
@@ -58,7 +48,7 @@ def main(argv: list[str]) -> None:
         f"locations; random valid policy, horizon {_HORIZON.value}, auto-reset", flush=True)
   tables = []
   for model in _MODELS.value:
-    graph, _ = load(model)
+    graph = workflow.load(model, size=_SIZE.value, capacity=_CAPACITY.value).graph
     env = GraphRewriteEnv([graph], ruleset, lambda g: cost.graph_cost(g, coeffs),
                           _HORIZON.value, node_cost_fn=lambda g: cost.node_costs(g, coeffs))
     print(f"\n{model}: {G.num_nodes(graph)} nodes, capacity {G.capacity(graph)}", flush=True)

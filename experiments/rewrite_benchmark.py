@@ -4,8 +4,9 @@ r"""Rewrite-engine throughput: "match every rule + apply one random rewrite" ste
     python -m experiments.rewrite_benchmark --model=resnext50 --batches=1,16,64
     python -m experiments.rewrite_benchmark --per_rule                       # slowest matchers
 
-The default model is ../shared/models/bert_base.onnx at the default capacity (1024 slots);
-a zoo name builds that model instead.
+The default model is ../shared/models/bert_base.onnx (`workflow.load`: a zoo name, an ONNX path
+or a ../shared/models stem) at the loader's capacity (1.3 x its nodes, rounded up to 64; the
+README's figures used --capacity=1024).
 """
 
 from __future__ import annotations
@@ -17,33 +18,25 @@ import jax
 from absl import app, flags
 
 from xrlflow_jax import graph as G
-from xrlflow_jax import models
+from xrlflow_jax import workflow
 from xrlflow_jax.rules import RuleSet
 from xrlflow_jax.harness import rewrite_benchmark as bench
 from xrlflow_jax.rules.library import builtin_rules
 
-_SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "models"
-_MODEL = flags.DEFINE_string("model", str(_SHARED / "bert_base.onnx"),
-                             "An ONNX path or a zoo model name.")
+_MODEL = flags.DEFINE_string("model", "bert_base", "A zoo name, an ONNX path or a "
+                             "../shared/models stem.")
 _SIZE = flags.DEFINE_enum("size", "default", ["default", "tiny"], "Zoo model size.")
-_CAPACITY = flags.DEFINE_integer("capacity", None, "Node slots (default: the loader's).")
+_CAPACITY = flags.DEFINE_integer("capacity", None, "Node slots (default: the loader's, 1.3 x "
+                                 "the nodes rounded up to 64).")
 _BATCHES = flags.DEFINE_list("batches", ["1", "64"], "Batch sizes (vmapped graphs).")
 _STEPS = flags.DEFINE_integer("steps", 10, "Steps per timed rollout (one lax.scan).")
 _LOCATIONS = flags.DEFINE_integer("max_locations", 64, "L: locations kept per rule.")
 _PER_RULE = flags.DEFINE_bool("per_rule", False, "Also time each rule's matcher alone.")
 
 
-def load(model: str):
-  """(graph, params) of an ONNX file or a zoo model."""
-  if model.endswith(".onnx"):
-    from xrlflow_jax import onnx_io  # pylint: disable=g-import-not-at-top
-    return onnx_io.load(model, random_weights=True, capacity=_CAPACITY.value)
-  return models.build(model, _SIZE.value, capacity=_CAPACITY.value)
-
-
 def main(argv: list[str]) -> None:
   del argv
-  graph, _ = load(_MODEL.value)
+  graph = workflow.load(_MODEL.value, size=_SIZE.value, capacity=_CAPACITY.value).graph
   ruleset = RuleSet(builtin_rules(), max_locations=_LOCATIONS.value)
   print(f"model {Path(_MODEL.value).name}: {G.num_nodes(graph)} nodes, capacity "
         f"{G.capacity(graph)}; {len(ruleset)} rules x {ruleset.max_locations} locations; "

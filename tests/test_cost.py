@@ -211,7 +211,7 @@ def test_shipped_coefficients_and_json_roundtrip(tmp_path):
   path = M.save_coefficients(coeffs, tmp_path / "c.json", note="x")
   again = M.load_coefficients("anything", path)
   np.testing.assert_allclose(np.asarray(again.weights), w)
-  with pytest.raises(M.CostModelError, match="python -m xrlflow_jax.cost fit"):
+  with pytest.raises(M.CostModelError, match="python -m xrlflow_jax.cost calibrate"):
     M.load_coefficients("Imaginary Accelerator 9000")
   bad = tmp_path / "bad.json"
   bad.write_text(json.dumps({"device_kind": "cpu", "call_ms": 0.1, "weights": {"x": 1}}))

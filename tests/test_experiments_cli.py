@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import csv
 import importlib.util
+import json
+import math
 import os
 import subprocess
 import sys
@@ -121,3 +123,23 @@ def test_benchmark_exits_nonzero_when_a_row_failed(tmp_path):
     assert rows[0]["status"] == "failed" and "not a valid ONNX model" in rows[0]["note"], rows
     if rc:
       assert "1 of 1 rows failed" in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.mark.slow  # every part of the report at its quick size: a few minutes on 2 cores
+def test_device_report_quick(tmp_path):
+  """The device report's --quick run (what a GPU runs at full size): every part present and
+  measured, the JSON and the markdown written."""
+  out = tmp_path / "device"
+  text = _run("experiments.device_report", "--quick", f"--output={out}", timeout=1500)
+  report = json.loads((out / "device_report.json").read_text())
+  assert report["quick"] and report["failed"] == [], report.get("failed")
+  assert report["device"]["platform"] == "cpu" and report["device"]["memory_gb"] > 0
+  assert report["calibration"]["source"] in ("shipped", "cached calibration", "calibrated now")
+  assert [r["batch"] for r in report["env"]["rows"]] == [1, 16]
+  assert all(r["steps_per_s"] > 0 for r in report["env"]["rows"])
+  assert report["ppo"]["steps_per_s"] > 0 and report["ppo"]["batch"] == 32
+  assert [r["numerics_passed"] for r in report["optimize"]] == [True] * 3
+  spearman = report["validation"]["spearman"]
+  assert spearman is None or math.isnan(spearman) or -1.0 <= spearman <= 1.0  # nan: all tied
+  md = (out / "device_report.md").read_text()
+  assert "| optimise job |" in md and "env steps/s" in md and md.strip() in text

@@ -9,6 +9,9 @@
   search_benchmark   graphs expanded per second by the TASO-style search
   train_benchmark    the learner: forward, gradient and PPO updates, per part
   zoo_summary        build, compile and XLA latency of every zoo model
+  device_report      one report of a device: calibration, env and PPO throughput, the optimise
+                     job, cost-model validation, multi-device scaling
+  machine            the machine line of every report
 
 Each is imported by its module name (`from xrlflow_jax.harness import cost_validation`); none is
 imported by the core packages.

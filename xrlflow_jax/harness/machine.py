@@ -10,6 +10,7 @@ from pathlib import Path
 import jax
 
 from xrlflow_jax.cost import latency
+from xrlflow_jax.ops import precision
 
 
 def _cpu_name() -> str:
@@ -32,6 +33,7 @@ def machine_info() -> dict[str, str]:
       "python": platform.python_version(),
       "jax": f"jax {jax.__version__}, jaxlib {getattr(jax.lib, '__version__', '?')}",
       "backend": f"{dev.platform} ({dev.device_kind}) x {jax.device_count()}",
+      "precision": f"{precision.DEFAULT_POLICY} (matmul and convolution numerics policy)",
   }
 
 
