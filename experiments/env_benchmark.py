@@ -20,7 +20,6 @@ from absl import app, flags
 
 from xrlflow_jax import cost, workflow
 from xrlflow_jax import graph as G
-from xrlflow_jax.env import GraphRewriteEnv
 from xrlflow_jax.harness import env_benchmark as bench
 from xrlflow_jax.rules import RuleSet
 from xrlflow_jax.rules.library import builtin_rules
@@ -49,8 +48,7 @@ def main(argv: list[str]) -> None:
   tables = []
   for model in _MODELS.value:
     graph = workflow.load(model, size=_SIZE.value, capacity=_CAPACITY.value).graph
-    env = GraphRewriteEnv([graph], ruleset, lambda g: cost.graph_cost(g, coeffs),
-                          _HORIZON.value, node_cost_fn=lambda g: cost.node_costs(g, coeffs))
+    env = bench.make_env(graph, ruleset, coeffs, _HORIZON.value)
     print(f"\n{model}: {G.num_nodes(graph)} nodes, capacity {G.capacity(graph)}", flush=True)
     rows = []
     for batch in (int(b) for b in _BATCHES.value):

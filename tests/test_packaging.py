@@ -12,6 +12,7 @@ from __future__ import annotations
 import ast
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -27,8 +28,13 @@ ROOT = Path(__file__).resolve().parents[1]
 def installed(tmp_path_factory) -> Path:
   """The package's wheel, unpacked into a site folder (what `pip install .` puts there)."""
   out = tmp_path_factory.mktemp("wheel")
+  # Built from a copy of the sources: setuptools keeps a build/ folder in the tree it builds,
+  # whose stale files (modules since removed) would otherwise end up in the wheel.
+  src = out / "src"
+  shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(
+      ".git", ".venv", "build", "*.egg-info", "__pycache__", ".pytest_cache", ".hypothesis"))
   res = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
-                        "-q", "-w", str(out), str(ROOT)], capture_output=True, text=True,
+                        "-q", "-w", str(out), str(src)], capture_output=True, text=True,
                        check=False, cwd=out)
   if res.returncode != 0 and "invalid command 'bdist_wheel'" in res.stderr:
     pytest.skip("building a wheel offline needs the `wheel` package (pip install -e '.[test]')")

@@ -14,8 +14,6 @@ graph's outputs are compared with the original's on the same random inputs. Mode
     coeffs = cost.coefficients()
     out = B.run_search("greedy", graph, params, ruleset, coeffs, {"max_steps": 20})
     measured = B.measure_outcomes(graph, params, [out.graph])  # verdict, numerics
-
-The PPO trainer is imported lazily.
 """
 
 from __future__ import annotations
@@ -27,24 +25,19 @@ import time
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from xrlflow_jax import cost, measure, search, workflow
 from xrlflow_jax import graph as G
 from xrlflow_jax.agents import runs
-from xrlflow_jax.env import AutoResetWrapper, GraphRewriteEnv, VmapWrapper
 from xrlflow_jax.graph import Graph, ParamStore
+from xrlflow_jax.harness import env_benchmark
 from xrlflow_jax.search.result import JOB_METHODS
 
 METHODS = JOB_METHODS  # what the benchmark binaries accept
 
 Log = Callable[[str], None]
 
-
-# ----------------------------------------------------------------------------------------------
-# Machine header
-# ----------------------------------------------------------------------------------------------
 
 # ----------------------------------------------------------------------------------------------
 # Rules and environment throughput
@@ -55,48 +48,14 @@ def make_ruleset(names: Sequence[str], max_locations: int = 16):
   return workflow.ruleset(list(names), int(max_locations))
 
 
-def make_env(graphs: Sequence[Graph] | Graph, ruleset, coeffs: cost.CostCoefficients,
-             horizon: int = 50, reward_scale: float = 10.0):
-  """The graph-rewrite environment over `graphs` under the cost model `coeffs`."""
-  graphs = [graphs] if isinstance(graphs, Graph) else list(graphs)
-  return GraphRewriteEnv(graphs, ruleset, lambda g: cost.graph_cost(g, coeffs), int(horizon),
-                         reward_scale=reward_scale,
-                         node_cost_fn=lambda g: cost.node_costs(g, coeffs))
-
-
 def env_steps_per_second(graph: Graph, ruleset, coeffs: cost.CostCoefficients, *,
                          num_envs: int = 8, steps: int = 16, horizon: int = 50,
                          seed: int = 0) -> float:
-  """Environment steps per second of a random valid-action policy (vmapped, one `lax.scan`).
-
-  The rollout is compiled ahead of time and one warm-up call is made; the figure is the best of
-  two timed calls (each `num_envs * steps` steps: matching every rule, applying the rewrite,
-  costing the graph, auto-reset).
-  """
-  venv = VmapWrapper(AutoResetWrapper(make_env(graph, ruleset, coeffs, horizon)))
-
-  def rollout(key):
-    state, ts = venv.reset(jax.random.split(key, num_envs))
-
-    def body(carry, k):
-      state, obs = carry
-      logits = jnp.where(obs.action_mask, 0.0, -jnp.inf)
-      action = jax.random.categorical(k, logits, axis=-1).astype(jnp.int32)
-      state, ts = venv.step(state, action)
-      return (state, ts.observation), ts.reward
-
-    _, rewards = jax.lax.scan(body, (state, ts.observation), jax.random.split(key, steps))
-    return rewards
-
-  key = jax.random.PRNGKey(seed)
-  fn = jax.jit(rollout).lower(key).compile()
-  jax.block_until_ready(fn(key))
-  best = np.inf
-  for i in range(2):
-    t0 = time.perf_counter()
-    jax.block_until_ready(fn(jax.random.fold_in(key, i + 1)))
-    best = min(best, time.perf_counter() - t0)
-  return num_envs * steps / best
+  """Environment steps per second of the random valid policy over `num_envs` auto-reset
+  environments (`env_benchmark.time_env`: one compiled `lax.scan` of `steps` steps, best of
+  two timed calls after a warm-up)."""
+  env = env_benchmark.make_env(graph, ruleset, coeffs, horizon)
+  return env_benchmark.time_env(env, num_envs, steps=steps, repeats=2, seed=seed).steps_per_s
 
 
 # ----------------------------------------------------------------------------------------------
@@ -248,9 +207,9 @@ class Measured:
   numerics: list[measure.NumericsCheck | None]
 
 
-def measure_outcomes(original: Graph, params: ParamStore,
-                         graphs: Sequence[Graph | None], *, rounds: int = 10,
-                         repeats_per_round: int = 3, backend: str | None = None) -> Measured:
+def measure_outcomes(original: Graph, params: ParamStore, graphs: Sequence[Graph | None], *,
+                     rounds: int = 10, repeats_per_round: int = 3,
+                     backend: str | None = None) -> Measured:
   """Latency of `original` and of each graph, timed interleaved in one process with an
   identical copy of the original as control (`measure.compare`), and each graph's outputs
   compared with the original's on the same random inputs."""

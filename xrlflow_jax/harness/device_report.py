@@ -32,7 +32,6 @@ from xrlflow_jax import graph as G
 from xrlflow_jax.agents import runs
 from xrlflow_jax.configs import ppo as ppo_configs
 from xrlflow_jax.cost import model as cost_model
-from xrlflow_jax.env import GraphRewriteEnv
 from xrlflow_jax.harness import cost_validation, env_benchmark, machine
 from xrlflow_jax.optimize import checks
 
@@ -76,8 +75,7 @@ def _calibration(log: Log) -> dict[str, Any]:
 def _env(s: dict[str, Any], coeffs: cost.CostCoefficients, log: Log) -> dict[str, Any]:
   loaded = workflow.load(s["model"], size=s["size"])
   ruleset = workflow.ruleset(s["rules"], s["max_locations"])
-  env = GraphRewriteEnv([loaded.graph], ruleset, lambda g: cost.graph_cost(g, coeffs), 50,
-                        node_cost_fn=lambda g: cost.node_costs(g, coeffs))
+  env = env_benchmark.make_env(loaded.graph, ruleset, coeffs, horizon=50)
   rows = []
   for batch in s["batches"]:
     r = env_benchmark.time_env(env, batch, steps=s["steps"], repeats=2)

@@ -9,14 +9,28 @@ from __future__ import annotations
 import dataclasses
 import resource
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from xrlflow_jax import cost
 from xrlflow_jax.env.env import GraphRewriteEnv
 from xrlflow_jax.env.wrappers import AutoResetWrapper, VmapWrapper
+from xrlflow_jax.graph import layout
+from xrlflow_jax.rules import RuleSet
+
+
+def make_env(graphs: Sequence[layout.Graph] | layout.Graph, ruleset: RuleSet,
+             coeffs: cost.CostCoefficients, horizon: int = 50,
+             reward_scale: float = 10.0) -> GraphRewriteEnv:
+  """The graph-rewrite environment over `graphs` under the cost model `coeffs` (graph cost as
+  the reward's cost, node costs in the observation)."""
+  graphs = [graphs] if isinstance(graphs, layout.Graph) else list(graphs)
+  return GraphRewriteEnv(graphs, ruleset, lambda g: cost.graph_cost(g, coeffs), int(horizon),
+                         reward_scale=reward_scale,
+                         node_cost_fn=lambda g: cost.node_costs(g, coeffs))
 
 
 def random_valid_action(key: jax.Array, mask: jax.Array) -> jax.Array:
@@ -133,7 +147,7 @@ def time_parts(env: GraphRewriteEnv, batch: int, repeats: int = 3, seed: int = 0
 
 def markdown(model: str, rows: list[EnvTiming]) -> str:
   """A markdown table of `time_env` rows."""
-  lines = [f"| model | batch | env steps/s | ms/step (batch) | compile s | XLA temp MB | "
+  lines = ["| model | batch | env steps/s | ms/step (batch) | compile s | XLA temp MB | "
            "args MB | peak RSS MB |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
   for r in rows:
     lines.append(f"| {model} | {r.batch} | {r.steps_per_s:.1f} | {r.seconds_per_step * 1e3:.1f} | "

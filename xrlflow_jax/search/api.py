@@ -6,12 +6,13 @@ import inspect
 from typing import Any, Callable
 
 from xrlflow_jax import compilation_cache
-from xrlflow_jax.measure import check_settings, compare
 from xrlflow_jax.cost import calibrate
 from xrlflow_jax.cost import model as cost_model
 from xrlflow_jax.graph import layout
 from xrlflow_jax.graph.params import ParamStore
+from xrlflow_jax.measure import check_settings, compare
 from xrlflow_jax.rules.compile import DEFAULT_MAX_LOCATIONS
+from xrlflow_jax.rules.library import builtin_rules
 from xrlflow_jax.rules.ruleset import RuleSet, graph_op_codes, rules_that_can_fire
 from xrlflow_jax.search.cache import IdentityCache
 from xrlflow_jax.search.backtracking import taso
@@ -21,7 +22,6 @@ from xrlflow_jax.search.greedy import greedy
 from xrlflow_jax.search.policy import policy
 from xrlflow_jax.search.random_search import random_search
 from xrlflow_jax.search.result import METHODS, SearchError, SearchResult
-from xrlflow_jax.rules.library import builtin_rules
 
 DRIVERS: dict[str, Callable[..., SearchResult]] = {
     "greedy": greedy, "taso": taso, "beam": beam, "random": random_search, "policy": policy}
