@@ -19,6 +19,9 @@ from pathlib import Path
 
 import pytest
 
+from xrlflow_jax import cost
+from xrlflow_jax.harness import device_report
+
 REPO = Path(__file__).resolve().parents[1]
 HAVE_MPL = importlib.util.find_spec("matplotlib") is not None
 
@@ -143,3 +146,14 @@ def test_device_report_quick(tmp_path):
   assert spearman is None or math.isnan(spearman) or -1.0 <= spearman <= 1.0  # nan: all tied
   md = (out / "device_report.md").read_text()
   assert "| optimise job |" in md and "env steps/s" in md and md.strip() in text
+
+
+def test_device_report_stops_cleanly_without_a_cost_model(monkeypatch):
+  """A failed calibration is recorded (every later part needs the cost model), not raised."""
+  def no_coefficients(*_, **__):
+    raise cost.CostModelError("no cost-model coefficients for device kind 'x'")
+  monkeypatch.setattr(cost, "coefficients", no_coefficients)
+  report = device_report.run(quick=True, log=lambda _: None)
+  assert report["failed"] == ["calibration"] and "CostModelError" in report["calibration"]["error"]
+  assert report["device"]["platform"] == "cpu" and "env" not in report
+  assert "**calibration failed**: CostModelError" in device_report.markdown(report)

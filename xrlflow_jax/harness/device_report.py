@@ -61,12 +61,13 @@ def _device() -> dict[str, Any]:
           "local_devices": jax.local_device_count()}
 
 
-def _calibration(log: Log) -> dict[str, Any]:
+def _calibration(log: Log, out: dict[str, Any]) -> dict[str, Any]:
+  """The cost model's source for this device; its coefficients go into `out["coeffs"]`."""
   kind = jax.devices()[0].device_kind
   shipped = cost_model.coefficients_path(kind).is_file()
   cached = cost_model.calibrated_path(kind).is_file()
   t = time.perf_counter()
-  coeffs = cost.coefficients(log=log)
+  coeffs = out["coeffs"] = cost.coefficients(log=log)
   source = "shipped" if shipped else "cached calibration" if cached else "calibrated now"
   return {"source": source, "seconds": time.perf_counter() - t, "device_kind": kind,
           "coefficients": coeffs.named()}
@@ -154,8 +155,12 @@ def run(quick: bool = False, log: Log = print) -> dict[str, Any]:
   size = "quick" if quick else "full"
   report: dict[str, Any] = {"quick": quick, "seconds": {}}
   _part(report, "device", _device, log)
-  _part(report, "calibration", lambda: _calibration(log), log)
-  coeffs = cost.coefficients(log=log)
+  held: dict[str, Any] = {}
+  _part(report, "calibration", lambda: _calibration(log, held), log)
+  coeffs = held.get("coeffs")
+  if coeffs is None:  # every later part needs the cost model
+    report["failed"] = ["calibration"]
+    return report
   _part(report, "env", lambda: _env(ENV[size], coeffs, log), log)
   devices = jax.local_devices()
   _part(report, "ppo", lambda: _ppo_steps_per_s(PPO[size], coeffs, devices[:1]), log)
