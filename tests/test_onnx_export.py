@@ -77,9 +77,10 @@ def test_shared_model_round_trip(tmp_path: Path, name: str):
   _round_trip(tmp_path, _shared(name), name, random_weights=True)
 
 
-@pytest.mark.parametrize("name", ["light_squeezenet.onnx", pytest.param(
-    "light_inception_v1.onnx", marks=pytest.mark.slow), pytest.param(
-        "light_shufflenet.onnx", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("name", ["light_squeezenet.onnx"] + [
+    pytest.param(f"light_{n}.onnx", marks=pytest.mark.slow) for n in (
+        "bvlc_alexnet", "densenet121", "inception_v1", "inception_v2", "resnet50", "shufflenet",
+        "vgg19", "zfnet512")])
 def test_light_model_round_trip(tmp_path: Path, name: str):
   """Opset 9 in (Softmax with pre-13 semantics, Unsqueeze attributes), opset 21 out."""
   path = LIGHT / name

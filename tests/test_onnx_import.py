@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import os
 import random
+import re
 import subprocess
 import sys
 import warnings
@@ -327,6 +328,15 @@ _CASES = {
          _N("Einsum", ["q"], ["d"], equation="bhqd->bd"),
          _N("Einsum", ["q", "k", "w"], ["e"], equation="bhqd,bhkd,de->bhqe")],
         [("q", _F, (2, 3, 4, 5)), ("k", _F, (2, 3, 4, 5))], {"w": _w(5, 6)}, 18),
+    "einsum_diagonal_broadcast": (
+        [_N("Einsum", ["m"], ["a"], equation="bii->bi"),
+         _N("Einsum", ["m"], ["b"], equation="bii"),
+         _N("Einsum", ["m", "m"], ["c"], equation="bij,bjj->bi"),
+         _N("Einsum", ["c3"], ["d"], equation="iji->ij"),
+         _N("Einsum", ["q1", "k"], ["e"], equation="...qd,...kd->...qk"),
+         _N("Einsum", ["r1", "k"], ["f"], equation="...d,bhkd->...bhk")],
+        [("m", _F, (2, 4, 4)), ("c3", _F, (3, 2, 3)), ("q1", _F, (2, 1, 4, 5)),
+         ("k", _F, (2, 3, 4, 5)), ("r1", _F, (1, 5))], {}, 18),
     "resize": (
         [_N("Resize", ["x", "", "s2"], ["b"], mode="linear"),
          _N("Resize", ["x", "", "", "z1"], ["c"], mode="cubic",
@@ -352,6 +362,21 @@ _CASES = {
          _N("ConvTranspose", ["x1", "w1"], ["d"], strides=[2], auto_pad="SAME_UPPER")],
         _X + [("x1", _F, (2, 3, 7))], {"wt": _w(3, 4, 3, 3), "bt": _w(4),
                                         "wg": _w(3, 2, 3, 2), "w1": _w(3, 2, 3)}, 18),
+    "conv_3d": (
+        [_N("Conv", ["v", "w3", "b3"], ["a"], strides=[2, 1, 2], pads=[1, 0, 1, 0, 2, 1]),
+         _N("Conv", ["v", "wg3"], ["b"], group=3, dilations=[2, 1, 2], pads=[0, 1, 1, 2, 0, 1]),
+         _N("Conv", ["v", "wg3"], ["e"], group=3, auto_pad="SAME_LOWER"),
+         _N("Conv", ["v", "w3"], ["c"], strides=[3, 2, 1], auto_pad="SAME_UPPER")],
+        [("v", _F, (2, 3, 7, 6, 5))], {"w3": _w(4, 3, 3, 2, 3), "b3": _w(4),
+                                        "wg3": _w(6, 1, 2, 3, 2)}, 18),
+    "conv_transpose_3d": (
+        [_N("ConvTranspose", ["v", "wt3", "bt3"], ["a"], strides=[2, 1, 3],
+            pads=[1, 0, 1, 0, 1, 2], output_padding=[1, 0, 2]),
+         _N("ConvTranspose", ["v", "wg3"], ["b"], group=3, dilations=[2, 1, 2]),
+         _N("ConvTranspose", ["v", "wt3"], ["c"], strides=[2, 2, 1], output_shape=[12, 9, 6]),
+         _N("ConvTranspose", ["v", "wt3"], ["d"], strides=[3, 1, 2], auto_pad="SAME_LOWER")],
+        [("v", _F, (2, 3, 6, 5, 4))], {"wt3": _w(3, 4, 3, 2, 3), "bt3": _w(4),
+                                        "wg3": _w(3, 2, 2, 3, 2)}, 18),
     "pools_dilated": (
         [_N("MaxPool", ["x"], ["a"], kernel_shape=[2, 3], dilations=[2, 2], pads=[1, 1, 0, 2],
             ceil_mode=1, strides=[2, 1]),
@@ -610,42 +635,86 @@ def test_opset_conversion_failure_is_named():
 
 
 _BACKEND_DATA = Path(onnx.__file__).parent / "backend" / "test" / "data"
-# Files of onnx's backend test data whose ops are in scope (pytorch-operator and simple, opset 6
-# to 12) and that compute what their stored outputs say. Not listed: float64 inputs beyond
-# float32's range (add_broadcast, add_size1_right/singleton_broadcast: without x64 the executor
-# refuses them, tested below), float64 constants (addconstant), ConvTranspose, Expand with a
-# run-time shape, sequences, strings and training ops.
-_BACKEND_FAST = ["pytorch-operator/test_operator_add_size1_broadcast",
+_BACKEND_DIRS = ("pytorch-operator", "pytorch-converted", "simple")
+# The backend-test model files out of scope, each with the project error that refuses it (a
+# pattern of its message). Every other file of the three folders must import, compute its
+# stored outputs and round-trip through export.
+_BACKEND_REFUSED = {
+    r"simple/test_expand_shape_model\d": (errors.UnsupportedOnnxOpError, r"\(Expand\)"),
+    r"simple/test_gradient_of_add(_and_mul)?": (errors.UnsupportedOnnxOpError, "Gradient"),
+    r"simple/test_sequence_model[1-7]": (errors.UnsupportedOnnxOpError, "Sequence"),
+    r"simple/test_sequence_model8": (errors.OnnxImportError, r"dim 0 is dynamic"),
+    r"simple/test_strnorm_model_.*": (errors.OnnxImportError, "element type STRING"),
+}
+# float64 inputs beyond float32's range: refused at run time without x64 (tested below).
+_BACKEND_X64 = {f"pytorch-operator/test_operator_{n}" for n in (
+    "add_broadcast", "add_size1_right_broadcast", "add_size1_singleton_broadcast",
+    "addconstant")}
+_BACKEND_FAST = {"pytorch-operator/test_operator_add_size1_broadcast",
                  "pytorch-operator/test_operator_selu", "simple/test_shrink",
-                 "simple/test_sign_model"]
-_BACKEND_SLOW = [f"pytorch-operator/test_operator_{n}" for n in (
-    "addmm", "basic", "chunk", "clip", "concat2", "conv", "exp", "flatten", "index", "max",
-    "maxpool", "min", "mm", "non_float_params", "pad", "params", "permute2", "pow",
-    "reduced_mean", "reduced_mean_keepdim", "reduced_sum", "reduced_sum_keepdim", "repeat",
-    "repeat_dim_overflow", "sqrt", "symbolic_override", "symbolic_override_nested", "view")] + [
-        "simple/test_single_relu_model", "pytorch-converted/test_PReLU_2d_multiparam"]
+                 "simple/test_sign_model", "simple/test_expand_shape_model1",
+                 "pytorch-converted/test_Conv3d_stride_padding",
+                 "pytorch-converted/test_ConvTranspose2d"}
+_BACKEND_FILES = sorted(f"{d}/{case.name}" for d in _BACKEND_DIRS
+                        for case in (_BACKEND_DATA / d).glob("test_*")
+                        if (case / "model.onnx").is_file())
 
 
-@pytest.mark.parametrize("name", _BACKEND_FAST + [
-    pytest.param(n, marks=pytest.mark.slow) for n in _BACKEND_SLOW])
-def test_backend_model_file_matches_its_outputs(name: str):
-  case = _BACKEND_DATA / name
-  if not (case / "model.onnx").is_file():
-    pytest.skip(f"the onnx package ships no {name}")
-  model = onnx.load(str(case / "model.onnx"))
-  graph, params = onnx_io.load(model)
+def _stored_cases(case: Path, model: onnx.ModelProto):
+  """(feeds by input name, stored outputs) of each test_data_set_* of a backend-test case."""
   inits = {t.name for t in model.graph.initializer}
   names = [vi.name for vi in model.graph.input if vi.name not in inits]
   for data in sorted(case.glob("test_data_set_*")):
     feeds = dict(zip(names, [numpy_helper.to_array(onnx.load_tensor(str(f)))
                              for f in sorted(data.glob("input_*.pb"))]))
-    want = [numpy_helper.to_array(onnx.load_tensor(str(f)))
-            for f in sorted(data.glob("output_*.pb"))]
-    got = executor.run(graph, params, *[feeds[n] for n in params.input_names])
-    assert len(got) == len(want)
-    for a, b in zip(got, want):
-      np.testing.assert_allclose(np.asarray(a, np.float64), np.asarray(b, np.float64),
-                                 rtol=1e-4, atol=1e-5, err_msg=name)
+    yield feeds, [numpy_helper.to_array(onnx.load_tensor(str(f)))
+                  for f in sorted(data.glob("output_*.pb"))]
+
+
+def _assert_stored(got: Sequence[Any], want: Sequence[np.ndarray], name: str) -> None:
+  assert len(got) == len(want), name
+  for a, b in zip(got, want):
+    np.testing.assert_allclose(np.asarray(a, np.float64), np.asarray(b, np.float64),
+                               rtol=1e-4, atol=1e-5, err_msg=name)
+
+
+@pytest.mark.parametrize("name", [n if n in _BACKEND_FAST else
+                                  pytest.param(n, marks=pytest.mark.slow)
+                                  for n in _BACKEND_FILES] or ["(none)"])
+def test_backend_model_file_matches_its_outputs_and_round_trips(name: str, tmp_path: Path):
+  """Every model file of onnx's backend-test data (pytorch-operator, pytorch-converted, simple):
+  refused by its named project error when out of scope; else it imports, computes its stored
+  outputs, and its export passes the checker with strict shape inference, re-imports to the
+  same graph and computes the same outputs in onnxruntime."""
+  if name == "(none)":
+    pytest.skip(f"the onnx package ships no backend-test model files under {_BACKEND_DATA}")
+  case = _BACKEND_DATA / name
+  refused = [v for k, v in _BACKEND_REFUSED.items() if re.fullmatch(k, name)]
+  if refused:
+    (error, pattern), = refused
+    with pytest.raises(error, match=pattern):
+      onnx_io.load(str(case / "model.onnx"))
+    return
+  if name in _BACKEND_X64 and not jax.config.jax_enable_x64:
+    pytest.skip("feeds float64 values beyond float32's range (refused without x64, tested "
+                "by test_backend_float64_inputs_beyond_float32_are_refused_by_name)")
+  model = onnx.load(str(case / "model.onnx"))
+  graph, params = onnx_io.load(model)
+  path = tmp_path / "exported.onnx"
+  onnx_io.save(graph, params, path)
+  onnx.checker.check_model(str(path), full_check=True)
+  onnx.shape_inference.infer_shapes_path(str(path), str(tmp_path / "inferred.onnx"),
+                                         strict_mode=True)
+  graph2, params2 = onnx_io.load(path)
+  assert host.structural_hash(graph) == host.structural_hash(graph2)
+  options = ort.SessionOptions()
+  options.log_severity_level = 3
+  session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+  for feeds, want in _stored_cases(case, model):
+    inputs = [feeds[n] for n in params.input_names]
+    _assert_stored(executor.run(graph, params, *inputs), want, name)
+    ort_feeds = dict(zip([i.name for i in session.get_inputs()], inputs))
+    _assert_stored(session.run(None, ort_feeds), want, f"{name} (exported, onnxruntime)")
 
 
 def test_backend_float64_inputs_beyond_float32_are_refused_by_name():
@@ -663,6 +732,42 @@ def test_backend_float64_inputs_beyond_float32_are_refused_by_name():
   with pytest.raises(errors.ShapeError, match=r"input \S+ is float64 with finite values beyond "
                      r"float32's range"):
     executor.run(graph, params, *feeds)
+
+
+_D = TensorProto.DOUBLE
+
+
+def test_float64_constants_exact_in_float32_run_and_others_are_noted_or_refused():
+  """A float64 constant float32 holds exactly (1.0) imports as a float32 constant cast back to
+  float64; one it rounds (0.1) imports with a note (without x64 JAX computes float64 as
+  float32 anyway); one beyond float32's range is refused naming the constant."""
+  def model(value: float) -> onnx.ModelProto:
+    return _model([_N("Add", ["x", "c"], ["y"])], [("x", _D, (2, 3))], ["y"],
+                  {"c": np.full((3,), value, np.float64)})
+  graph, params = onnx_io.load(model(1.0))
+  assert not params.stats.notes
+  x = np.arange(6, dtype=np.float64).reshape(2, 3)
+  (y,) = executor.run(graph, params, x)
+  np.testing.assert_array_equal(np.asarray(y, np.float64), x + 1.0)
+  if jax.config.jax_enable_x64:
+    with pytest.raises(errors.OnnxImportError, match=r"constant 'c'.*float32 cannot hold "
+                       r"exactly"):
+      onnx_io.load(model(0.1))
+  else:
+    graph, params = onnx_io.load(model(0.1))
+    assert any("constant 'c': float64, rounded to float32" in n for n in params.stats.notes)
+    (y,) = executor.run(graph, params, x)
+    np.testing.assert_allclose(np.asarray(y, np.float64), x + 0.1, rtol=1e-6)
+  with pytest.raises(errors.OnnxImportError, match=r"constant 'c': float64 values beyond "
+                     r"float32's range \(largest magnitude 1e\+300\)"):
+    onnx_io.load(model(1e300))
+
+
+def test_einsum_size_mismatch_of_a_named_label_is_refused():
+  nodes = [_N("Einsum", ["a", "b"], ["y"], equation="ij,jk->ik")]
+  with pytest.raises(errors.OnnxImportError, match=r"label 'j' has sizes 1 and 4 \(only dims "
+                     r"of '\.\.\.' broadcast"):
+    onnx_io.load(_model(nodes, [("a", _F, (3, 1)), ("b", _F, (4, 5))], ["y"]))
 
 
 def test_unsupported_ops_are_listed_together():

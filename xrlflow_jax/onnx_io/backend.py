@@ -198,7 +198,6 @@ EXCLUDED: dict[str, str] = {
         "zero-size tensors (every dim of the project's tensors is >= 1)",
     r"^test_maxpool_with_argmax": "MaxPool's Indices output (not supported)",
     r"^test_pow_types_int(32|64)_float32": "integer Pow (the importer computes Pow on floats)",
-    r"^test_convtranspose_3d": "3-D transposed convolution (the project's are 1-D and 2-D)",
     r"^test_nllloss_NCd1d2d3d4d5": "rank-7 tensors (the project's maximum rank is 6)",
 }
 

@@ -636,6 +636,8 @@ def _conv(ctx: Ctx) -> list[Operand | None]:
   strides = _spatial_attr(ctx, "strides", n, 1)
   dilations = _spatial_attr(ctx, "dilations", n, 1)
   begins, ends = _auto_pads(ctx, xs[2:], kernel, strides, dilations)
+  if n == 3:
+    return [_conv3d(ctx, x, w, xs, ws, strides, dilations, begins, ends)]
   x4, one_d = _to_2d(ctx, x, "Conv input")
   w4 = ctx.unsqueeze(w, [2]) if one_d else w
   if one_d:
@@ -649,6 +651,56 @@ def _conv(ctx: Ctx) -> list[Operand | None]:
   y = ctx.op(Op.CONV2D, inputs, strides=tuple(strides), dilations=tuple(dilations),
              pads=(begins[0], begins[1], ends[0], ends[1]), groups=ctx.int_attr("group", 1))
   return [ctx.squeeze(y, [2]) if one_d else y]
+
+
+def _pad_axis(ctx: Ctx, x: Operand, axis: int, before: int, after: int) -> Operand:
+  """x with `before` / `after` zeros along one axis (negative amounts crop)."""
+  if before < 0 or after < 0:
+    size = ctx.shape(x)[axis]
+    x = ctx.slice(x, axis, max(-before, 0), size - max(-after, 0))
+  before, after = max(before, 0), max(after, 0)
+  if not before and not after:
+    return x
+  flat = [0] * (2 * MAX_RANK)
+  flat[axis], flat[MAX_RANK + axis] = before, after
+  return ctx.op(Op.PAD, [x], pads=tuple(flat), mode=PAD_MODES.index("constant"), value=0.0)
+
+
+def _depth_plane(ctx: Ctx, w: Operand, kd: int) -> Operand:
+  """w[:, :, kd] of a 3-D convolution's weight (folded when w is a constant)."""
+  return ctx.squeeze(ctx.slice(w, 2, kd, kd + 1), [2])
+
+
+def _conv3d(ctx: Ctx, x: Operand, w: Operand, xs: Sequence[int], ws: Sequence[int],
+            strides: Sequence[int], dilations: Sequence[int], begins: Sequence[int],
+            ends: Sequence[int]) -> Operand:
+  """A 3-D convolution as a sum over the kernel's depth of 2-D convolutions: for each kernel
+  plane kd, the input planes it meets (every stride-th from kd x dilation, after padding the
+  depth) are stacked into the batch and convolved over (H, W) with w[:, :, kd]; the bias
+  joins the first plane's convolution. X [N, C, D, H, W] -> Y [N, O, Do, Ho, Wo]."""
+  bn, c, d, h, wd = xs
+  kd_size = ws[2]
+  sd, dd = strides[0], dilations[0]
+  depth = d + begins[0] + ends[0]
+  do = (depth - dd * (kd_size - 1) - 1) // sd + 1
+  if do < 1:
+    raise ctx.error(f"the kernel's depth {kd_size} (dilation {dd}) exceeds the padded input "
+                    f"depth {depth}")
+  planes = ctx.transpose(_pad_axis(ctx, x, 2, begins[0], ends[0]), [0, 2, 1, 3, 4])
+  bias = ctx.inp(2, "B") if ctx.has(2) else None
+  if bias is not None:
+    ctx.same_dtype([x, bias])
+  y = None
+  for kd in range(kd_size):
+    start = kd * dd
+    xk = ctx.reshape(ctx.slice(planes, 1, start, start + (do - 1) * sd + 1, sd),
+                     (bn * do, c, h, wd))
+    inputs = [xk, _depth_plane(ctx, w, kd)] + ([bias] if bias is not None and kd == 0 else [])
+    yk = ctx.op(Op.CONV2D, inputs, strides=tuple(strides[1:]), dilations=tuple(dilations[1:]),
+                pads=(begins[1], begins[2], ends[1], ends[2]), groups=ctx.int_attr("group", 1))
+    y = yk if y is None else ctx.op(Op.ADD, [y, yk])
+  o, ho, wo = ctx.shape(y)[1:]
+  return ctx.transpose(ctx.reshape(y, (bn, do, o, ho, wo)), [0, 2, 1, 3, 4])
 
 
 def _einsum_terms(ctx: Ctx, equation: str, ranks: list[int]) -> tuple[list[str], str]:
@@ -710,12 +762,30 @@ def _einsum_pair(ctx: Ctx, a: Operand, ta: str, b: Operand, tb: str, keep: str,
   return ctx.reshape(y, tuple(sizes[ch] for ch in labels)), "".join(labels)
 
 
+def _einsum_diagonal(ctx: Ctx, x: Operand, t: str) -> tuple[Operand, str]:
+  """x with each label its term repeats taken along the diagonal ("ii->i"): the two axes moved
+  last, merged and sliced with step n + 1. Returns (x, its labels, each once)."""
+  while len(set(t)) != len(t):
+    ch = next(c for c in t if t.count(c) > 1)
+    p, q = [a for a, c in enumerate(t) if c == ch][:2]
+    shape = ctx.shape(x)
+    if shape[p] != shape[q]:
+      raise ctx.error(f"term {t!r}: label {ch!r} has sizes {shape[p]} and {shape[q]}")
+    n = shape[p]
+    rest = [a for a in range(len(t)) if a not in (p, q)]
+    moved = ctx.transpose(x, rest + [p, q])
+    flat = ctx.reshape(moved, tuple(shape[a] for a in rest) + (n * n,))
+    x = ctx.slice(flat, len(rest), 0, n * n, n + 1)
+    t = "".join(t[a] for a in rest) + ch
+  return x, t
+
+
 @converter("Einsum")
 def _einsum(ctx: Ctx) -> list[Operand | None]:
   """Einsum as transposes, reshapes, sums and batched MatMuls (the contractions transformers
   use: "bhqd,bhkd->bhqk", "bij,bjk->bik", "bnd,dh->bnh", ...). Operands are contracted left to
-  right; labels used by one operand only are summed first. Repeated labels within one operand
-  (diagonals) and broadcasting of size-1 dims are not supported."""
+  right; labels used by one operand only are summed first. A label repeated within one
+  operand takes the diagonal; size-1 dims of "..." broadcast."""
   ctx.check_attrs(["equation"])
   equation = ctx.attr("equation", "")
   if not isinstance(equation, str) or not equation:
@@ -726,14 +796,27 @@ def _einsum(ctx: Ctx) -> list[Operand | None]:
   ctx.same_dtype(xs)
   _float(ctx, xs[0])
   terms, out = _einsum_terms(ctx, equation, [len(ctx.shape(x)) for x in xs])
+  xs, terms = zip(*[_einsum_diagonal(ctx, x, t) for x, t in zip(xs, terms)])
   sizes: dict[str, int] = {}
-  for x, t in zip(xs, terms):
-    if len(set(t)) != len(t):
-      raise ctx.unsupported(f"term {t!r} repeats a label (diagonals are not supported)")
+  for t, x in zip(terms, xs):
     for ch, d in zip(t, ctx.shape(x)):
-      if sizes.setdefault(ch, d) != d:
-        raise ctx.unsupported(f"label {ch!r} has sizes {sizes[ch]} and {d} (broadcasting "
-                              "size-1 dims is not supported)")
+      sizes[ch] = max(sizes.get(ch, 1), d)
+  xs, terms = list(xs), list(terms)
+  for i, (x, t) in enumerate(zip(xs, terms)):
+    shape = ctx.shape(x)
+    for ch, d in zip(t, shape):
+      if d != sizes[ch] and (d != 1 or ch.isascii()):
+        raise ctx.error(f"label {ch!r} has sizes {d} and {sizes[ch]} (only dims of '...' "
+                        "broadcast, and only from size 1)")
+    # A size-1 dim broadcast against a larger one: drop it from this operand (the product
+    # then broadcasts over the label, as the other operands carry it).
+    drop = [a for a, ch in enumerate(t) if shape[a] != sizes[ch]]
+    if drop:
+      xs[i] = ctx.squeeze(x, drop) if len(drop) < len(t) else ctx.reshape(x, (1,))
+      terms[i] = "".join(ch for a, ch in enumerate(t) if a not in drop)
+      if len(drop) == len(t):  # a scalar operand: keep one axis of size 1 under a new label
+        terms[i] = "\u03c9"
+        sizes["\u03c9"] = 1
 
   def sum_out(x: Operand, t: str, keep: str) -> tuple[Operand, str]:
     drop = [i for i, ch in enumerate(t) if ch not in keep]
@@ -753,14 +836,52 @@ def _einsum(ctx: Ctx) -> list[Operand | None]:
   return [ctx.transpose(y, [ty.index(ch) for ch in out])]
 
 
+def _conv_transpose3d(ctx: Ctx, x: Operand, w: Operand, xs: Sequence[int],
+                      ws: Sequence[int], strides: Sequence[int], dilations: Sequence[int],
+                      out_pad: Sequence[int], begins: Sequence[int],
+                      ends: Sequence[int]) -> Operand:
+  """A 3-D transposed convolution as a sum over the kernel's depth of 2-D ones: every input
+  plane is transposed-convolved over (H, W) with w[:, :, kd] and lands on output depth
+  id x stride + kd x dilation (zeros between, for strides > 1); the sum over kd is then cropped
+  by the depth pads and the bias added once. X [N, C, D, H, W] -> Y [N, O, Do, Ho, Wo]."""
+  bn, c, di, h, wd = xs
+  kd_size = ws[2]
+  sd, dd = strides[0], dilations[0]
+  full = sd * (di - 1) + out_pad[0] + (kd_size - 1) * dd + 1
+  depth = full - begins[0] - ends[0]
+  if depth < 1:
+    raise ctx.error(f"pads {begins[0]}, {ends[0]} crop the output depth {full} to nothing")
+  planes = ctx.reshape(ctx.transpose(x, [0, 2, 1, 3, 4]), (bn * di, c, h, wd))
+  y = None
+  for kd in range(kd_size):
+    yk = ctx.op(Op.CONV_TRANSPOSE, [planes, _depth_plane(ctx, w, kd)],
+                strides=tuple(strides[1:]), dilations=tuple(dilations[1:]),
+                pads=(begins[1], begins[2], ends[1], ends[2]), groups=ctx.int_attr("group", 1),
+                output_padding=tuple(out_pad[1:]))
+    o, ho, wo = ctx.shape(yk)[1:]
+    f = o * ho * wo
+    if sd > 1:  # input plane id lands on id x stride: stride - 1 zero planes after each
+      yk = _pad_axis(ctx, ctx.reshape(yk, (bn, di, 1, f)), 2, 0, sd - 1)
+    yk = ctx.reshape(yk, (bn, di * sd, f))
+    yk = _pad_axis(ctx, yk, 1, kd * dd, full - kd * dd - di * sd)
+    y = yk if y is None else ctx.op(Op.ADD, [y, yk])
+  y = _pad_axis(ctx, y, 1, -begins[0], -ends[0])
+  y = ctx.transpose(ctx.reshape(y, (bn, depth, o, ho, wo)), [0, 2, 1, 3, 4])
+  if ctx.has(2):
+    bias = ctx.inp(2, "B")
+    ctx.same_dtype([x, bias])
+    y = ctx.op(Op.ADD, [y, ctx.reshape(bias, (o, 1, 1, 1))])
+  return y
+
+
 @converter("ConvTranspose")
 def _conv_transpose(ctx: Ctx) -> list[Operand | None]:
   ctx.check_attrs(["auto_pad", "dilations", "group", "kernel_shape", "output_padding",
                    "output_shape", "pads", "strides"])
   x, w, xs, ws = _conv_operands(ctx)
   n = len(xs) - 2
-  if n not in (1, 2):
-    raise ctx.unsupported(f"input of rank {len(xs)} is not supported (1-D and 2-D only)")
+  if n not in (1, 2, 3):
+    raise ctx.unsupported(f"input of rank {len(xs)} is not supported (1-D to 3-D only)")
   kernel = ctx.ints_attr("kernel_shape", list(ws[2:]))
   if list(kernel) != list(ws[2:]):
     raise ctx.error(f"weight has dims {list(ws)} but kernel_shape is {kernel}")
@@ -796,6 +917,8 @@ def _conv_transpose(ctx: Ctx) -> list[Operand | None]:
     if len(pads) != 2 * n or any(p < 0 for p in pads):
       raise ctx.error(f"pads {pads} must be {2 * n} values >= 0")
     begins, ends = pads[:n], pads[n:]
+  if n == 3:
+    return [_conv_transpose3d(ctx, x, w, xs, ws, strides, dilations, out_pad, begins, ends)]
   x4, one_d = _to_2d(ctx, x, "ConvTranspose input")
   w4 = ctx.unsqueeze(w, [2]) if one_d else w
   if one_d:

@@ -18,6 +18,7 @@ import time
 import warnings
 from typing import Any, Mapping, Sequence
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import onnx
@@ -412,9 +413,7 @@ class _Importer:
     if c.tensor is None:
       where = f"{self.label}: constant '{c.name}': "
       project_dtype(c.value.dtype, where)  # refuses dtypes the graph has no code for
-      if c.value.dtype == np.float64:
-        raise OnnxImportError(f"{where}float64 constants are not supported by the graph "
-                              "builder (it stores float32)")
+      as_float64 = c.value.dtype == np.float64 and self._float64_constant(c, where)
       if c.value.ndim > MAX_RANK or 0 in c.value.shape:
         raise OnnxImportError(f"{where}shape {list(c.value.shape)} is not supported (rank <= "
                               f"{MAX_RANK}, no zero-size dims)")
@@ -424,10 +423,33 @@ class _Importer:
       c.name = unique_name(c.name, self.const_names)
       try:
         c.tensor = self.b.constant(c.value, name=c.name)
+        self.names[c.tensor.index] = c.name
+        if as_float64:
+          c.tensor = self.b.cast(c.tensor, "float64", name=f"{c.name}/float64")
+          self.names[c.tensor.index] = f"{c.name}/float64"
       except BUILDER_ERRORS as e:
         raise OnnxImportError(f"{where}{e}") from None
-      self.names[c.tensor.index] = c.name
     return c.tensor
+
+  def _float64_constant(self, c: Const, where: str) -> bool:
+    """Checks a float64 constant before the graph stores it as float32 (then cast back to
+    float64, so the graph's dtypes stay the file's). Values float32 holds exactly pass; others
+    pass with a note when JAX computes float64 as float32 anyway (x64 off); refused otherwise."""
+    value = c.value
+    finite = value[np.isfinite(value)]
+    largest = float(np.abs(finite).max()) if finite.size else 0.0
+    if largest > float(np.finfo(np.float32).max):
+      raise OnnxImportError(f"{where}float64 values beyond float32's range (largest magnitude "
+                            f"{largest:.3g}); the graph stores constants as float32")
+    if np.array_equal(value.astype(np.float32).astype(np.float64), value, equal_nan=True):
+      return True
+    if jax.config.jax_enable_x64:
+      raise OnnxImportError(f"{where}float64 values that float32 cannot hold exactly; the "
+                            "graph stores constants as float32 and x64 is on, so the model "
+                            "would silently compute with rounded constants")
+    self.stats.notes.append(f"constant '{c.name}': float64, rounded to float32 (without x64, "
+                            "JAX computes float64 as float32)")
+    return True
 
   # ---------------------------------------------------------------- nodes
   def run_node(self, idx: int, node: onnx.NodeProto, uses: Mapping[str, int]) -> None:

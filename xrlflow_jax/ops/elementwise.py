@@ -108,8 +108,8 @@ HARD_SWISH = _unary(Op.HARD_SWISH, "HardSwish",
 
 
 def _lower_cast(inputs, a, out_shape, out_dtype):
-  del a, out_shape
-  return inputs[0].astype(out_dtype)
+  del a, out_shape  # float64/int64 become float32/int32 without x64, as JAX computes them
+  return inputs[0].astype(jax.dtypes.canonicalize_dtype(out_dtype))
 
 
 CAST = spec.register(OpSpec(
