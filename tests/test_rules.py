@@ -242,6 +242,95 @@ def test_random_rewrite_sequence_keeps_outputs(name, zoo_ruleset, zoo_match, zoo
   assert applied > 0
 
 
+@pytest.mark.parametrize("name", ["nasrnn"] + [pytest.param(n, marks=pytest.mark.slow)
+                                              for n in ("bert", "resnext50")])
+def test_incremental_cost_equals_the_full_model_on_every_candidate(name, zoo_match, zoo_apply,
+                                                                   zoo_costs):
+  """Every valid candidate of a zoo graph (NasRNN's steps share weights, so its folded
+  constants have classes of many slots): the incremental cost, where it says exact, equals
+  the full model; it is exact on all of them."""
+  full_cost, _, incremental_cost = zoo_costs
+  graph, _ = models.build(name, "tiny", capacity=256)
+  m = zoo_match(graph)
+  actions = np.flatnonzero(np.asarray(m.mask).reshape(-1))
+  assert len(actions) > 20
+  inexact = 0
+  for a in actions:
+    child, ok = zoo_apply(graph, m, int(a))
+    if not bool(ok):
+      continue
+    incr, exact = incremental_cost(graph, child)
+    if not bool(exact):
+      inexact += 1
+      continue
+    assert float(incr) == pytest.approx(float(full_cost(child)), rel=1e-6), int(a)
+  assert inexact == 0
+
+
+def test_incremental_cost_sees_a_new_constant_equal_to_an_existing_one(zoo_ruleset, zoo_match,
+                                                                        zoo_apply, zoo_costs):
+  """Two MatMul pairs share their weights (as an unrolled RNN's steps do): after merging one
+  pair, merging the other builds a folded concat equal to the first one's, so the distinct
+  constants do not grow: the new slot's hash must be the child's own, not the free slot's."""
+  full_cost, _, incremental_cost = zoo_costs
+  b = G.GraphBuilder(seed=0)
+  w1, w2 = b.weight((8, 6)), b.weight((8, 6))
+  outs = []
+  for _ in range(2):
+    x = b.input((4, 8))
+    outs += [b.matmul(x, w1), b.matmul(x, w2)]
+  b.output(*outs)
+  graph, _ = b.build(capacity=256)
+  rule = zoo_ruleset.names.index("merge_matmul_shared_input_2")
+  locations = zoo_ruleset.max_locations
+
+  def merges(g):
+    m = zoo_match(g)
+    return m, [a for a in np.flatnonzero(np.asarray(m.mask).reshape(-1))
+               if a // locations == rule]
+  m, actions = merges(graph)
+  assert len(actions) == 2
+  child, ok = zoo_apply(graph, m, int(actions[0]))
+  assert bool(ok)
+  m, actions = merges(child)
+  (a,) = actions
+  grandchild, ok = zoo_apply(child, m, int(a))
+  assert bool(ok)
+  incr, exact = incremental_cost(child, grandchild)
+  assert bool(exact)
+  assert float(incr) == pytest.approx(float(full_cost(grandchild)), rel=1e-6)
+
+
+def test_incremental_cost_is_not_exact_where_a_hash_change_spreads(zoo_costs):
+  """A rewrite that re-points a folded constant read by another folded constant changes that
+  reader's sub-tree hash too, beyond the slots the rewrite touched: the incremental cost says
+  it is not exact (the search then costs the child alone), and says exact where nothing
+  spreads."""
+  full_cost, _, incremental_cost = zoo_costs
+  rs = RuleSet([BY_NAME["transpose_fuse"]], max_locations=4)
+
+  def build(extra_reader: bool):
+    b = G.GraphBuilder(seed=0)
+    x = b.input((3, 24))
+    w = b.weight((2, 3, 4))
+    t = b.transpose(b.transpose(w, (1, 2, 0)), (1, 0, 2))  # folded: [4, 3, 2]
+    r = b.reshape(t, (24, 1))
+    if extra_reader:
+      r = b.unsqueeze(b.squeeze(r, [1]), [1])  # more folded readers downstream
+    b.output(b.matmul(x, r))
+    return b.build(capacity=64)[0]
+  for extra_reader, want_exact in ((False, True), (True, False)):
+    graph = build(extra_reader)
+    m = jax.jit(rs.match)(graph)
+    (a,) = np.flatnonzero(np.asarray(m.mask).reshape(-1))
+    child, ok = jax.jit(rs.apply_action)(graph, m, int(a))
+    assert bool(ok)
+    incr, exact = incremental_cost(graph, child)
+    assert bool(exact) == want_exact
+    if want_exact:
+      assert float(incr) == pytest.approx(float(full_cost(child)), rel=1e-6)
+
+
 def test_location_table_on_zoo(zoo_match, zoo_ruleset):
   """Every rule family fires somewhere in the zoo (rules that fire nowhere are listed)."""
   fired: dict[str, int] = {n: 0 for n in zoo_ruleset.names}

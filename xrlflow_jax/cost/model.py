@@ -373,6 +373,7 @@ def _mix(h: jax.Array, x: jax.Array) -> jax.Array:
   return (h ^ x.astype(jnp.uint32)) * jnp.uint32(0x01000193) + jnp.uint32(0x9E3779B9)
 
 
+_NO_INPUT = 7  # what an unused input slot mixes into a hash
 # Class key of a slot that is not a folded constant read at run time (hash keys are 31-bit).
 NO_CLASS = 0xFFFFFFFF
 
@@ -391,33 +392,49 @@ def constant_key_base(graph: layout.Graph, rows: jax.Array | None = None) -> jax
   return base
 
 
+def constant_hash_rounds(table: jax.Array, base: jax.Array) -> jax.Array:
+  """uint32[H + 1, N] (H = `_CONST_HASH_DEPTH`): round r of every slot's sub-tree hash, from
+  round 0 = `base` (`constant_key_base`): round r mixes the slot's own part with its inputs'
+  round r - 1, so a constant sub-tree of depth d is exact after d rounds. A collision between
+  two distinct weights (probability ~ pairs / 2^31, below 1e-5 for BERT-base's ~200 weights)
+  would count them once; one lane keeps the batched cost model cheap."""
+  valid = table >= 0
+  safe = jnp.maximum(table, 0)
+  rounds = [base]
+  for _ in range(_CONST_HASH_DEPTH):
+    h = rounds[-1]
+    new = base
+    for j in range(table.shape[-1]):
+      new = _mix(new, jnp.where(valid[:, j], h[safe[:, j]], jnp.uint32(_NO_INPUT)))
+    rounds.append(new)
+  return jnp.stack(rounds)
+
+
+def computed_reads(graph: layout.Graph, table: jax.Array, live: jax.Array) -> jax.Array:
+  """int32[N]: how many input edges of live computed nodes (not constants, not inputs) read
+  each slot: a folded constant with any is read at run time."""
+  nd = graph.nodes
+  n = table.shape[0]
+  computed = live & ~nd["is_constant"] & (nd["op"] != Op.INPUT)
+  read = (table >= 0) & computed[:, None]
+  return jax.ops.segment_sum(read.reshape(-1).astype(jnp.int32),
+                             jnp.maximum(table, 0).reshape(-1), num_segments=n)
+
+
 def constant_keys(graph: layout.Graph, table: jax.Array, live: jax.Array,
                   base: jax.Array | None = None) -> jax.Array:
   """uint32[N]: the value class of every folded constant read by a live computed node (a
   31-bit hash of its constant sub-tree, see `CONST`), NO_CLASS for every other slot. `base`:
-  `constant_key_base(graph)` when the caller has it (the incremental cost patches the
-  parent's)."""
+  `constant_key_base(graph)` when the caller has it."""
   nd = graph.nodes
-  n, k = table.shape
-  valid = table >= 0
-  safe = jnp.maximum(table, 0)
-  is_const = nd["alive"] & nd["is_constant"]
-  computed = live & ~nd["is_constant"] & (nd["op"] != Op.INPUT)
-  read = valid & computed[:, None] & is_const[safe]  # [N, K] edge: a constant read at run time
-  boundary = jax.ops.segment_max(read.reshape(-1).astype(jnp.int32), safe.reshape(-1),
-                                 num_segments=n) > 0
-  # A 32-bit hash of (op, attributes, parameter id), then of the inputs' hashes, iterated so a
-  # constant sub-tree of depth d is exact after d rounds. A collision between two distinct
-  # weights (probability ~ pairs / 2^31, below 1e-5 for BERT-base's ~200 weights) would count
-  # them once; one lane keeps the batched cost model cheap.
+  boundary = nd["alive"] & nd["is_constant"] & (computed_reads(graph, table, live) > 0)
   base = constant_key_base(graph) if base is None else base
-  h = base
-  for _ in range(_CONST_HASH_DEPTH):
-    new = base
-    for j in range(k):
-      new = _mix(new, jnp.where(valid[:, j], h[safe[:, j]], jnp.uint32(7)))
-    h = new
-  return jnp.where(boundary, h >> 1, jnp.uint32(NO_CLASS))
+  return class_key(boundary, constant_hash_rounds(table, base)[-1])
+
+
+def class_key(boundary: jax.Array, final_hash: jax.Array) -> jax.Array:
+  """The class key of slots from their last hash round: NO_CLASS where not `boundary`."""
+  return jnp.where(boundary, final_hash >> 1, jnp.uint32(NO_CLASS))
 
 
 def distinct_constant_mb(graph: layout.Graph, table: jax.Array, live: jax.Array,
