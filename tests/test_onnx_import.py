@@ -18,7 +18,8 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from xrlflow_jax import errors, executor
+from xrlflow_jax import errors, executor, ops
+from xrlflow_jax import graph as G
 from xrlflow_jax import onnx_io
 from xrlflow_jax.graph import host
 from xrlflow_jax.onnx_io import verify
@@ -761,6 +762,51 @@ def test_float64_constants_exact_in_float32_run_and_others_are_noted_or_refused(
   with pytest.raises(errors.OnnxImportError, match=r"constant 'c': float64 values beyond "
                      r"float32's range \(largest magnitude 1e\+300\)"):
     onnx_io.load(model(1e300))
+
+
+def _if_model(cond_nodes: list[onnx.NodeProto], inputs: list[tuple[str, int, Any]],
+              inits: dict[str, np.ndarray] | None = None) -> onnx.ModelProto:
+  """y = If(c): the then branch computes Relu(x) * k (k its own initializer), the else branch
+  Neg(x) + x2 (both read the enclosing graph's tensors); `cond_nodes` make c."""
+  out = [helper.make_tensor_value_info("b", _F, None)]
+  then_g = helper.make_graph([_N("Relu", ["x"], ["r"]), _N("Mul", ["r", "k"], ["b"])], "then",
+                             [], out, initializer=[numpy_helper.from_array(
+                                 np.float32(1.5), "k")])
+  else_g = helper.make_graph([_N("Neg", ["x"], ["n"]), _N("Add", ["n", "x2"], ["b"])], "else",
+                             [], out)
+  nodes = cond_nodes + [helper.make_node("If", ["c"], ["y"], then_branch=then_g,
+                                         else_branch=else_g)]
+  return _model(nodes, inputs, ["y"], inits)
+
+
+@pytest.mark.parametrize("value", [True, False])
+def test_if_with_a_constant_condition_imports_the_chosen_branch(value: bool):
+  """Only the chosen branch is imported; what only the other branch read (Exp for the then
+  branch) is not left in the graph."""
+  model = _if_model([_N("Relu", ["x0"], ["x"]), _N("Exp", ["x0"], ["x2"])],
+                    [("x0", _F, (2, 3))], {"c": np.asarray(value)})
+  _run_both(model)
+  graph, _ = onnx_io.load(model)
+  alive_ops = [ops.Op(int(o)) for o, a in zip(graph.nodes["op"], graph.nodes["alive"]) if a]
+  assert (ops.Op.EXP in alive_ops) == (not value) and (ops.Op.NEG in alive_ops) == (not value)
+  G.validate(graph)
+
+
+def test_if_on_a_shape_check_folds_and_imports():
+  """Exporters guard reshapes with If on a shape test: the condition folds from the static
+  shape, so the If disappears."""
+  cond = [_N("Shape", ["x"], ["s"]), _N("Gather", ["s", "zero"], ["d0"]),
+          _N("Equal", ["d0", "two"], ["c"])]
+  model = _if_model(cond, [("x", _F, (2, 3)), ("x2", _F, (2, 3))],
+                    {"zero": np.asarray(0, np.int64), "two": np.asarray(2, np.int64)})
+  _run_both(model)
+
+
+def test_if_with_a_run_time_condition_is_refused_by_name():
+  model = _if_model([], [("c", TensorProto.BOOL, ()), ("x", _F, (2, 3)), ("x2", _F, (2, 3))])
+  with pytest.raises(errors.UnsupportedOnnxOpError, match=r"\(If\).*condition is computed "
+                     r"at run time"):
+    onnx_io.load(model)
 
 
 def test_einsum_size_mismatch_of_a_named_label_is_refused():

@@ -25,7 +25,7 @@ import onnx
 
 from xrlflow_jax import executor, ops
 from xrlflow_jax.errors import CapacityError, OnnxImportError, ShapeError, UnsupportedOnnxOpError
-from xrlflow_jax.graph import layout
+from xrlflow_jax.graph import layout, transforms
 from xrlflow_jax.graph.builder import GraphBuilder, Tensor
 from xrlflow_jax.graph.params import ParamStore
 from xrlflow_jax.onnx_io import fold, weights
@@ -211,6 +211,30 @@ def _input_shape(vi: onnx.ValueInfoProto, given: Sequence[int] | None, label: st
   return tuple(int(d) for d in dims), dtype
 
 
+def outer_names(node: onnx.NodeProto) -> list[str]:
+  """The tensors of the enclosing scopes that the subgraphs of `node` (If's branches, Loop's
+  and Scan's bodies) read: names used by their nodes and outputs that they do not define."""
+  names: list[str] = []
+  for attr in node.attribute:
+    graphs = list(attr.graphs) + ([attr.g] if attr.HasField("g") else [])
+    for g in graphs:
+      defined = ({t.name for t in g.initializer} | {vi.name for vi in g.input}
+                 | {o for n in g.node for o in n.output})
+      for n in g.node:
+        for name in list(n.input) + outer_names(n):
+          if name and name not in defined and name not in names:
+            names.append(name)
+      for vi in g.output:
+        if vi.name not in defined and vi.name not in names:
+          names.append(vi.name)
+  return names
+
+
+def _reads(node: onnx.NodeProto) -> list[str]:
+  """Every tensor `node` reads: its inputs, then what its subgraphs read from outside."""
+  return list(node.input) + [n for n in outer_names(node) if n not in node.input]
+
+
 def _plan(graph: onnx.GraphProto, available: set[str], label: str) -> tuple[
     list[int], dict[str, int]]:
   """Indices of the nodes the graph outputs need, in a topological order (file order on ties),
@@ -238,7 +262,7 @@ def _plan(graph: onnx.GraphProto, available: set[str], label: str) -> tuple[
     if needed[i]:
       continue
     needed[i] = True
-    for name in nodes[i].input:
+    for name in _reads(nodes[i]):
       if not name:
         continue
       if name in producer:
@@ -250,7 +274,7 @@ def _plan(graph: onnx.GraphProto, available: set[str], label: str) -> tuple[
   indegree = [0] * len(nodes)
   consumers: dict[int, list[int]] = {}
   for i in (i for i, n in enumerate(needed) if n):
-    for name in nodes[i].input:
+    for name in _reads(nodes[i]):
       if name:
         uses[name] = uses.get(name, 0) + 1
       if name in producer:
@@ -344,6 +368,7 @@ class _Importer:
     self.names: dict[int, str] = {}
     self.unsupported: list[tuple[str, str]] = []
     self.const_names: set[str] = set()
+    self.inlined_if = False
 
   # ---------------------------------------------------------------- weights and inputs
   def bind_initializers(self) -> None:
@@ -464,6 +489,9 @@ class _Importer:
         self.unsupported.append((op, f"{where}no converter for {op} in the importer"))
       self._set_outputs(outputs, [_POISON] * len(outputs))
       return
+    if op == "If":
+      self._inline_if(node, inputs, where)
+      return
     attrs = attributes(node, where)
     consts = all(v is None or isinstance(v, Const) for v in inputs)
     if op in ("Shape", "Size") and inputs and isinstance(inputs[0], Tensor):
@@ -506,6 +534,44 @@ class _Importer:
       if need and value is None:
         raise OnnxImportError(f"{where}output '{name}' is not produced")
     self._set_outputs(outputs, outs)
+
+  def _inline_if(self, node: onnx.NodeProto, inputs: list[Any], where: str) -> None:
+    """An If whose condition is known at import (a constant, or folded from shapes, as
+    exporters write shape checks): the chosen branch's nodes are imported in its place. A
+    condition computed at run time is refused (the graph has no control flow)."""
+    cond = inputs[0] if inputs else None
+    if not isinstance(cond, Const):
+      self.unsupported.append(("If", f"{where}the condition is computed at run time (only an "
+                                     "If whose condition is known at import is supported)"))
+      self._set_outputs(list(node.output), [_POISON] * len(node.output))
+      return
+    if cond.value.size != 1:
+      raise OnnxImportError(f"{where}the condition must hold one value, has shape "
+                            f"{list(cond.value.shape)}")
+    name = "then_branch" if bool(cond.value.reshape(-1)[0]) else "else_branch"
+    branch = next((a.g for a in node.attribute if a.name == name), None)
+    if branch is None:
+      raise OnnxImportError(f"{where}the {name} attribute is missing")
+    if len(branch.output) != len(node.output):
+      raise OnnxImportError(f"{where}{name} has {len(branch.output)} outputs for "
+                            f"{len(node.output)}")
+    inner = f"{where}{name}: "
+    for t in branch.initializer:
+      if t.name in self.values:
+        raise OnnxImportError(f"{inner}initializer '{t.name}' shadows a tensor of the "
+                              "enclosing graph")
+      self.values[t.name] = Const(tensor_to_numpy(t, self.base_dir, inner), t.name)
+    for n in branch.node:
+      for out in n.output:
+        if out and out in self.values:
+          raise OnnxImportError(f"{inner}tensor '{out}' shadows a tensor of the enclosing "
+                                "graph")
+    self.inlined_if = True
+    order, uses = _plan(branch, set(self.values), inner.rstrip(": "))
+    nodes = list(branch.node)
+    for i in order:
+      self.run_node(i, nodes[i], uses)
+    self._set_outputs(list(node.output), [self.values[vi.name] for vi in branch.output])
 
   def _describe(self, v: Any) -> str:
     if isinstance(v, Const):
@@ -577,6 +643,8 @@ class _Importer:
     except BUILDER_ERRORS as e:
       raise OnnxImportError(f"{self.label}: {e}") from None
     graph = self.canonical_param_ids(graph)
+    if self.inlined_if:  # what only the branches not taken read is dead
+      graph = layout.to_host(transforms.remove_dead_code(graph))
     node_names = self.b.node_names
     self.params.node_names = [self.names.get(i, n) for i, n in enumerate(node_names)]
     self.params.source = self.label
