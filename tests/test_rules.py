@@ -318,7 +318,7 @@ def test_incremental_cost_is_not_exact_where_a_hash_change_spreads(zoo_costs):
     if extra_reader:
       r = b.unsqueeze(b.squeeze(r, [1]), [1])  # more folded readers downstream
     b.output(b.matmul(x, r))
-    return b.build(capacity=64)[0]
+    return b.build(capacity=256)[0]  # the capacity of the zoo tests: one compile of the costs
   for extra_reader, want_exact in ((False, True), (True, False)):
     graph = build(extra_reader)
     m = jax.jit(rs.match)(graph)
