@@ -100,11 +100,10 @@ class LoweredGraph:
                            f"[{values.min()}, {values.max()}]; enable jax_enable_x64 to run it")
       if dtype != s.dtype and np.issubdtype(s.dtype, np.floating):
         # Finite values beyond float32's range would become infinities: refused, not run.
-        values = np.asarray(x, s.dtype)
-        big = np.abs(values[np.isfinite(values)])
-        if big.size and big.max() > np.finfo(dtype).max:
+        largest = float_overflow(np.asarray(x, s.dtype), dtype)
+        if largest:
           raise ShapeError(f"input {s.name} is {s.dtype} with finite values beyond {dtype}'s "
-                           f"range (largest magnitude {big.max():.3g}); enable jax_enable_x64 "
+                           f"range (largest magnitude {largest:.3g}); enable jax_enable_x64 "
                            "to run it")
       out.append(jnp.asarray(x, dtype=dtype))
     return out
@@ -137,6 +136,15 @@ def _index_bounds(g: layout.Graph, table: np.ndarray) -> dict[int, int]:
       size = int(ops.unpad_shape(nd["shape"][data], nd["rank"][data])[axis])
       bounds[idx] = min(bounds.get(idx, size), size)
   return bounds
+
+
+def float_overflow(value: Any, dtype: Any = np.float32) -> float:
+  """The largest finite magnitude of float `value` when it exceeds `dtype`'s range (its cast
+  would give infinities), else 0.0."""
+  values = np.asarray(value)
+  finite = np.abs(values[np.isfinite(values)])
+  largest = float(finite.max()) if finite.size else 0.0
+  return largest if largest > float(np.finfo(dtype).max) else 0.0
 
 
 def integer_overflow(value: Any) -> str:

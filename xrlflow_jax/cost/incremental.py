@@ -80,10 +80,13 @@ class CostBase:
   const_total: jax.Array
 
 
-def _out_mb(graph: layout.Graph) -> jax.Array:
-  nd = graph.nodes
-  numel = jnp.prod(nd["shape"].astype(jnp.float32), axis=-1)
-  return numel * ops.dtype_size(jnp, nd["dtype"]).astype(jnp.float32) / 1e6
+def _out_mb(graph: layout.Graph, rows: jax.Array | None = None) -> jax.Array:
+  """float32[N] (or [M] for `rows`): each slot's output megabytes."""
+  shape, dtype = graph.nodes["shape"], graph.nodes["dtype"]
+  if rows is not None:
+    shape, dtype = shape[rows], dtype[rows]
+  numel = jnp.prod(shape.astype(jnp.float32), axis=-1)
+  return numel * ops.dtype_size(jnp, dtype).astype(jnp.float32) / 1e6
 
 
 def cost_base(graph: layout.Graph) -> CostBase:
@@ -154,7 +157,6 @@ def _const_total(base: CostBase, parent: layout.Graph, child: layout.Graph,
   n = base.const_key.shape[0]
   p, c = parent.nodes, child.nodes
   tp, tc = layout.input_table(parent), layout.input_table(child)
-  k = tp.shape[-1]
   dirty = ((p["alive"] != c["alive"]) | (p["is_constant"] != c["is_constant"])
            | jnp.any(tp != tc, axis=-1))
   (d,) = jnp.nonzero(dirty, size=max_changed, fill_value=n)
@@ -170,16 +172,13 @@ def _const_total(base: CostBase, parent: layout.Graph, child: layout.Graph,
   rounds = [own]
   for r in range(1, base.hashes.shape[0]):
     prev = jnp.where(local >= 0, rounds[-1][jnp.maximum(local, 0)], base.hashes[r - 1][safe])
-    h = own
-    for j in range(k):
-      h = model._mix(h, jnp.where(valid[:, j], prev[:, j], jnp.uint32(model._NO_INPUT)))
-    rounds.append(h)
+    rounds.append(model.hash_round(own, prev, valid))
   moved = jnp.any(jnp.stack(rounds) != base.hashes[:, rows], axis=0)  # [D]
   spreads = used & c["alive"][rows] & c["is_constant"][rows] & moved & base.const_read[rows]
   # Reads by live computed nodes: the parent's, less the dirty readers' edges before, plus
   # their edges after.
-  computed_p = p["alive"] & ~p["is_constant"] & (p["op"] != ops.Op.INPUT)
-  computed_c = c["alive"] & ~c["is_constant"] & (c["op"] != ops.Op.INPUT)
+  computed_p = model.computed_nodes(p, p["alive"])
+  computed_c = model.computed_nodes(c, c["alive"])
   before = used[:, None] & (tp[rows] >= 0) & computed_p[rows][:, None]  # [D, K]
   after = used[:, None] & valid & computed_c[rows][:, None]
   change = (jnp.zeros([n + 1], jnp.int32)
@@ -197,8 +196,7 @@ def _const_total(base: CostBase, parent: layout.Graph, child: layout.Graph,
   pos = where_dirty[sr]
   final = jnp.where(pos >= 0, rounds[-1][jnp.maximum(pos, 0)], base.hashes[-1][sr])
   key = model.class_key(boundary, final)
-  numel = jnp.prod(c["shape"][sr].astype(jnp.float32), axis=-1)
-  mb = numel * ops.dtype_size(jnp, c["dtype"][sr]).astype(jnp.float32) / 1e6
+  mb = _out_mb(child, sr)
   no_class = jnp.uint32(model.NO_CLASS)
   changed = once & ((key != base.const_key[sr]) | ((key != no_class) & (mb != base.const_mb[sr])))
   (j,) = jnp.nonzero(changed, size=max_changed, fill_value=s_len)

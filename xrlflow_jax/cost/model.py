@@ -402,21 +402,29 @@ def constant_hash_rounds(table: jax.Array, base: jax.Array) -> jax.Array:
   safe = jnp.maximum(table, 0)
   rounds = [base]
   for _ in range(_CONST_HASH_DEPTH):
-    h = rounds[-1]
-    new = base
-    for j in range(table.shape[-1]):
-      new = _mix(new, jnp.where(valid[:, j], h[safe[:, j]], jnp.uint32(_NO_INPUT)))
-    rounds.append(new)
+    rounds.append(hash_round(base, rounds[-1][safe], valid))
   return jnp.stack(rounds)
 
 
+def hash_round(own: jax.Array, inputs: jax.Array, valid: jax.Array) -> jax.Array:
+  """uint32[M]: one round of the constant sub-tree hash: each slot's own part `own` [M] mixed
+  with its inputs' previous round `inputs` [M, K] (where `valid` [M, K])."""
+  h = own
+  for j in range(inputs.shape[-1]):
+    h = _mix(h, jnp.where(valid[:, j], inputs[:, j], jnp.uint32(_NO_INPUT)))
+  return h
+
+
+def computed_nodes(nodes: dict[str, jax.Array], live: jax.Array) -> jax.Array:
+  """bool[N]: live nodes computed at run time (not folded constants, not graph inputs)."""
+  return live & ~nodes["is_constant"] & (nodes["op"] != Op.INPUT)
+
+
 def computed_reads(graph: layout.Graph, table: jax.Array, live: jax.Array) -> jax.Array:
-  """int32[N]: how many input edges of live computed nodes (not constants, not inputs) read
-  each slot: a folded constant with any is read at run time."""
-  nd = graph.nodes
+  """int32[N]: how many input edges of live computed nodes read each slot: a folded constant
+  with any is read at run time."""
   n = table.shape[0]
-  computed = live & ~nd["is_constant"] & (nd["op"] != Op.INPUT)
-  read = (table >= 0) & computed[:, None]
+  read = (table >= 0) & computed_nodes(graph.nodes, live)[:, None]
   return jax.ops.segment_sum(read.reshape(-1).astype(jnp.int32),
                              jnp.maximum(table, 0).reshape(-1), num_segments=n)
 

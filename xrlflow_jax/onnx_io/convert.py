@@ -653,17 +653,34 @@ def _conv(ctx: Ctx) -> list[Operand | None]:
   return [ctx.squeeze(y, [2]) if one_d else y]
 
 
+def _pad_crop(ctx: Ctx, x: Operand, begins: Sequence[int], ends: Sequence[int],
+              mode: str = "constant", value: float = 0.0) -> Operand:
+  """x padded by `begins` / `ends` per axis (ONNX Pad's meaning; negative amounts crop)."""
+  y = x
+  for a in range(len(begins)):
+    b, e = min(begins[a], 0), min(ends[a], 0)
+    if b or e:
+      size = ctx.shape(y)[a]
+      if size + b + e < 1:
+        raise ctx.unsupported(f"pads crop axis {a} to nothing (zero-size tensors)")
+      y = ctx.slice(y, a, -b, size + e)
+  begins = [max(v, 0) for v in begins]
+  ends = [max(v, 0) for v in ends]
+  if not any(begins) and not any(ends):
+    return y
+  if mode == "reflect" and any(max(b, e) >= d for b, e, d in zip(begins, ends, ctx.shape(y))):
+    raise ctx.error("reflect pads must be smaller than the padded dims")
+  flat = [0] * (2 * MAX_RANK)
+  for a in range(len(begins)):
+    flat[a], flat[MAX_RANK + a] = begins[a], ends[a]
+  return ctx.op(Op.PAD, [y], pads=tuple(flat), mode=PAD_MODES.index(mode), value=value)
+
+
 def _pad_axis(ctx: Ctx, x: Operand, axis: int, before: int, after: int) -> Operand:
   """x with `before` / `after` zeros along one axis (negative amounts crop)."""
-  if before < 0 or after < 0:
-    size = ctx.shape(x)[axis]
-    x = ctx.slice(x, axis, max(-before, 0), size - max(-after, 0))
-  before, after = max(before, 0), max(after, 0)
-  if not before and not after:
-    return x
-  flat = [0] * (2 * MAX_RANK)
-  flat[axis], flat[MAX_RANK + axis] = before, after
-  return ctx.op(Op.PAD, [x], pads=tuple(flat), mode=PAD_MODES.index("constant"), value=0.0)
+  begins, ends = [0] * len(ctx.shape(x)), [0] * len(ctx.shape(x))
+  begins[axis], ends[axis] = before, after
+  return _pad_crop(ctx, x, begins, ends)
 
 
 def _depth_plane(ctx: Ctx, w: Operand, kd: int) -> Operand:
@@ -1733,24 +1750,7 @@ def _pad(ctx: Ctx) -> list[Operand | None]:
   begins, ends = [0] * r, [0] * r
   for i, a in enumerate(axes):
     begins[a], ends[a] = pads[i], pads[len(axes) + i]
-  y = x
-  for a in range(r):  # negative pads crop
-    b, e = min(begins[a], 0), min(ends[a], 0)
-    if b or e:
-      size = ctx.shape(y)[a]
-      if size + b + e < 1:
-        raise ctx.unsupported(f"pads crop axis {a} to nothing (zero-size tensors)")
-      y = ctx.slice(y, a, -b, size + e)
-  begins = [max(v, 0) for v in begins]
-  ends = [max(v, 0) for v in ends]
-  if not any(begins) and not any(ends):
-    return [y]
-  if mode == "reflect" and any(max(b, e) >= d for b, e, d in zip(begins, ends, ctx.shape(y))):
-    raise ctx.error("reflect pads must be smaller than the padded dims")
-  flat = [0] * (2 * MAX_RANK)
-  for a in range(r):
-    flat[a], flat[MAX_RANK + a] = begins[a], ends[a]
-  return [ctx.op(Op.PAD, [y], pads=tuple(flat), mode=PAD_MODES.index(mode), value=value)]
+  return [_pad_crop(ctx, x, begins, ends, mode, value)]
 
 
 @converter("Expand")

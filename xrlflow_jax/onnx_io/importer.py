@@ -461,9 +461,8 @@ class _Importer:
     float64, so the graph's dtypes stay the file's). Values float32 holds exactly pass; others
     pass with a note when JAX computes float64 as float32 anyway (x64 off); refused otherwise."""
     value = c.value
-    finite = value[np.isfinite(value)]
-    largest = float(np.abs(finite).max()) if finite.size else 0.0
-    if largest > float(np.finfo(np.float32).max):
+    largest = executor.float_overflow(value)
+    if largest:
       raise OnnxImportError(f"{where}float64 values beyond float32's range (largest magnitude "
                             f"{largest:.3g}); the graph stores constants as float32")
     if np.array_equal(value.astype(np.float32).astype(np.float64), value, equal_nan=True):
