@@ -172,7 +172,7 @@ def zoo_costs():
   full = jax.jit(lambda g: cost.graph_cost(g, coeffs))
   pruned = jax.jit(lambda g: cost.graph_cost(g, coeffs, pruned=True))
   incr = jax.jit(lambda parent, child: incremental.candidate_cost(
-      parent, incremental.cost_base(parent), child, coeffs))
+      parent, incremental.cost_base(parent), child, coeffs)[:2])
   return full, pruned, incr
 
 

@@ -1,13 +1,15 @@
 """The cost of a rewritten graph from its parent's: what a search pays per candidate.
 
     base = cost_base(graph)                                    # once per expansion
-    cost, exact = candidate_cost(graph, base, child, coeffs)   # per candidate (vmap it)
+    cost, exact, missing = candidate_cost(graph, base, child, coeffs)  # per candidate (vmap)
 
 A rewrite touches a few slots, and two parts of the cost model only change where it touches:
   * FLOPs. A node's FLOPs depend only on its op, attributes, shape and its inputs' shapes. The
     child's FLOPs are the parent's except on the (at most `max_changed`) alive slots whose
     operands differ, which are recomputed (the FLOP rule is a `lax.switch` over every op's rule:
     under `vmap` every branch runs, so this saves most of that work).
+  * Measured kernels (`model.KernelTable`, optional). A slot's kernel signature is part of its
+    FLOP operands (with its inputs' dtypes): recomputed and looked up on the same slots.
   * Distinct folded constants (`const.mb`). Only "dirty" slots (aliveness, constness or
     inputs changed; at most `max_changed`) can change their constant sub-tree hash: their hash
     rounds are recomputed from the parent's rounds of their other inputs. Whether a constant
@@ -67,6 +69,8 @@ class CostBase:
     const_mb: float32[N], every slot's output megabytes.
     sorted_key: uint32[N], `const_key` sorted (class sizes by binary search).
     const_total: float32[], megabytes of the parent's distinct folded constants.
+    kernel_hit, kernel_ms: bool[N], float32[N], every slot's measured kernel time
+      (`model.lookup_kernels`; None without a kernel table).
   The constant parts take liveness as `alive` (as the pruned child's: `candidate_cost`).
   """
   operands: tuple[jax.Array, ...]
@@ -78,6 +82,8 @@ class CostBase:
   const_mb: jax.Array
   sorted_key: jax.Array
   const_total: jax.Array
+  kernel_hit: jax.Array | None = None
+  kernel_ms: jax.Array | None = None
 
 
 def _out_mb(graph: layout.Graph, rows: jax.Array | None = None) -> jax.Array:
@@ -89,8 +95,8 @@ def _out_mb(graph: layout.Graph, rows: jax.Array | None = None) -> jax.Array:
   return numel * ops.dtype_size(jnp, dtype).astype(jnp.float32) / 1e6
 
 
-def cost_base(graph: layout.Graph) -> CostBase:
-  """The parent's shared parts."""
+def cost_base(graph: layout.Graph, kernels: model.KernelTable | None = None) -> CostBase:
+  """The parent's shared parts (with `kernels`, its slots' measured kernel times)."""
   nd = graph.nodes
   n = nd["op"].shape[0]
   table = layout.input_table(graph)
@@ -104,15 +110,20 @@ def cost_base(graph: layout.Graph) -> CostBase:
   mb = _out_mb(graph)
   first = model.distinct_constant_mb(graph, table, alive, mb)
   operands = model.flop_operands(graph)
+  hit, kms = (None, None) if kernels is None else model.lookup_kernels(
+      kernels, model.kernel_keys(graph))
   return CostBase(operands=operands, flops=jax.vmap(ops.flops_jit)(*operands), hashes=hashes,
                   reads=reads, const_read=const_read, const_key=key, const_mb=mb,
-                  sorted_key=jnp.sort(key), const_total=jnp.sum(first))
+                  sorted_key=jnp.sort(key), const_total=jnp.sum(first), kernel_hit=hit,
+                  kernel_ms=kms)
 
 
-def _changed_rows(parent: layout.Graph, base: CostBase, child: layout.Graph,
-                  max_changed: int) -> tuple[jax.Array, tuple[jax.Array, ...], jax.Array]:
-  """(int32[M] the alive slots whose own fields or FLOP operands changed, n where unused;
-  their FLOP operands in the child ([M, ...]); bool[] at most M = `max_changed` of them).
+def _changed_rows(parent: layout.Graph, base: CostBase, child: layout.Graph, max_changed: int,
+                  kernels: model.KernelTable | None = None
+                  ) -> tuple[jax.Array, tuple[jax.Array, ...], jax.Array, jax.Array | None]:
+  """(int32[M] the alive slots whose own fields or FLOP operands (or, with `kernels`, kernel
+  keys) changed, n where unused; their FLOP operands in the child ([M, ...]); bool[] at most
+  M = `max_changed` of them; with `kernels`, their kernel keys in the child uint32[M]).
 
   An edit writes a slot's own fields only on the slots it claims (free in the parent), and a
   slot's FLOP operands are its own fields and its inputs' shapes, so only new slots and slots
@@ -128,12 +139,16 @@ def _changed_rows(parent: layout.Graph, base: CostBase, child: layout.Graph,
   differs = ~p["alive"][rows]
   for a, b in zip(base.operands, new):  # op, input shapes and ranks, shape, attributes
     differs = differs | jnp.any((a[rows] != b).reshape(rows.shape[0], -1), axis=-1)
+  keys = None
+  if kernels is not None:  # the inputs' dtypes too
+    keys = model.kernel_keys(child, rows)
+    differs = differs | (keys != model.kernel_keys(parent, rows))
   dirty = (cand < n) & differs
   (j,) = jnp.nonzero(dirty, size=max_changed, fill_value=2 * max_changed)
   pick = jnp.minimum(j, 2 * max_changed - 1)
   idx = jnp.where(j < 2 * max_changed, cand[pick], n)
   exact = (touched.sum() <= 2 * max_changed) & (dirty.sum() <= max_changed)
-  return idx, tuple(x[pick] for x in new), exact
+  return idx, tuple(x[pick] for x in new), exact, None if keys is None else keys[pick]
 
 
 def _changed_flops(base: CostBase, operands: tuple[jax.Array, ...],
@@ -230,23 +245,33 @@ def _class_events(base: CostBase, old_key: jax.Array, new_key: jax.Array, old_mb
 
 
 def candidate_cost(parent: layout.Graph, base: CostBase, child: layout.Graph,
-                   coeffs: model.CostCoefficients, *,
-                   max_changed: int | None = None) -> tuple[jax.Array, jax.Array]:
-  """(float32[] the modelled cost of `child` in ms, bool[] exact).
+                   coeffs: model.CostCoefficients, *, max_changed: int | None = None,
+                   kernels: model.KernelTable | None = None
+                   ) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """(float32[] the modelled cost of `child` in ms, bool[] exact, bool[] a kernel of the child
+  is missing from `kernels`).
 
   `child` must be `parent` after one `rules.edit.apply_edit` (same capacity; every unread node
   freed, so its liveness is `alive`, as `graph_cost(child, pruned=True)`); `base` is
-  `cost_base(parent)`. Pure and jittable; vmap it over the candidates of one parent.
-  `max_changed`: default MAX_CHANGED (read at trace time).
+  `cost_base(parent, kernels)`. Pure and jittable; vmap it over the candidates of one parent.
+  `max_changed`: default MAX_CHANGED (read at trace time). `kernels`: measured kernel times
+  (`model.measured_costs`), the same table as `base`'s.
   """
   max_changed = MAX_CHANGED if max_changed is None else max_changed
   n = base.flops.shape[0]
-  idx, operands, rows_exact = _changed_rows(parent, base, child, max_changed)
+  idx, operands, rows_exact, keys = _changed_rows(parent, base, child, max_changed, kernels)
   flops = _changed_flops(base, operands, idx)
   const_total, const_exact = _const_total(base, parent, child, max_changed)
   feats = model.node_features(child, coeffs.epilogue_fusion, pruned=True, flops=flops,
                               const_mb=jnp.zeros([n], jnp.float32))
   w = jnp.asarray(coeffs.weights, jnp.float32)
-  cost = (jnp.asarray(coeffs.call_ms, jnp.float32) + jnp.sum(feats @ w)
+  costs = feats @ w
+  missing = jnp.asarray(False)
+  if kernels is not None:
+    fresh_hit, fresh_ms = model.lookup_kernels(kernels, keys)
+    hit = base.kernel_hit.at[idx].set(fresh_hit, mode="drop")  # idx == n: dropped
+    kms = base.kernel_ms.at[idx].set(fresh_ms, mode="drop")
+    costs, missing = model.measured_costs(costs, feats, hit, kms, coeffs)
+  cost = (jnp.asarray(coeffs.call_ms, jnp.float32) + jnp.sum(costs)
           + w[_CONST_COLUMN] * const_total)
-  return cost, rows_exact & const_exact
+  return cost, rows_exact & const_exact, missing

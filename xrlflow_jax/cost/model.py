@@ -54,6 +54,7 @@ import os
 from pathlib import Path
 from typing import Any, Sequence
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -487,25 +488,131 @@ def flops_all(graph: layout.Graph) -> jax.Array:
 
 
 # ----------------------------------------------------------------------------------------------
+# Measured kernels (jittable lookups; `cost.kernel_table` measures and fills the table)
+# ----------------------------------------------------------------------------------------------
+
+# Ops whose time a measured kernel table gives instead of the roofline: their speed varies with
+# shapes and groups far more than one per-FLOP coefficient can say (XLA:CPU, 2-core x86_64,
+# 2026-12-02: a 3x3 convolution of 128 channels at 56x56 takes 13.4 ms with 32 groups and 8.1 ms
+# with 16, twice the FLOPs; at 14x14 the same change goes from 1.9 to 3.2 ms).
+KERNEL_OPS = (Op.MATMUL, Op.CONV2D, Op.CONV_TRANSPOSE)
+NO_KERNEL = 0xFFFFFFFF  # table padding (keys are 31-bit)
+_KERNEL_LAUNCH = [FEATURE_NAMES.index(f"{c}.launch") for c in ("matmul", "conv", "gconv")]
+_SIBLING_COLS = [FEATURE_NAMES.index(f) for f in SIBLING]
+_SIBLING_OF = [FEATURE_NAMES.index(f) for f in ("matmul.gflop", "conv.gflop")]
+_EPILOGUE_COLS = [FEATURE_NAMES.index(f"loop.{p}") for p in PER_CLASS]  # on a kernel's row
+KERNEL_OPERANDS = 2  # a kernel is timed on its data and weight, without bias or activation
+_KERNEL_ACT = {int(Op.MATMUL): _MATMUL_ACT, int(Op.CONV2D): _CONV_ACT,
+               int(Op.CONV_TRANSPOSE): _CONV_ACT}
+
+
+@chex.dataclass(frozen=True)
+class KernelTable:
+  """Measured times of kernel signatures (`kernel_keys`), for the jitted cost model.
+
+  Attributes:
+    keys: uint32[T], the signature keys, ascending; `NO_KERNEL` pads the unused tail.
+    ms: float32[T], each kernel's measured time alone (data and weight only: its bias and
+      activation epilogue stays the model's, where fusion decides it), less the cost of an
+      empty call.
+  A pytree of fixed capacity T: a table that grows within T reuses compiled code.
+  """
+  keys: jax.Array
+  ms: jax.Array
+
+
+def kernel_keys(graph: layout.Graph, rows: jax.Array | None = None) -> jax.Array:
+  """uint32[N] (or [M] for `rows`): a 31-bit key of every slot's bare kernel (`KERNEL_OPS`):
+  op, attributes with the activation cleared, and its first `KERNEL_OPERANDS` inputs' shapes,
+  ranks and dtypes (what `cost.kernel_table.bare_kernel` makes of a signature). Unused input
+  slots mix nothing, so graphs of any input capacity K agree. Meaningless on other ops."""
+  op, in_shapes, in_ranks, _, attrs = flop_operands(graph, rows)
+  table = layout.input_table(graph)
+  if rows is not None:
+    table = table[rows]
+  act = jnp.full(op.shape, -1, jnp.int32)
+  for code, offset in _KERNEL_ACT.items():
+    act = jnp.where(op == code, offset, act)
+  attrs = jnp.where(jnp.arange(attrs.shape[-1])[None, :] == act[:, None], 0, attrs)
+  valid = (table >= 0) & (jnp.arange(table.shape[-1]) < KERNEL_OPERANDS)[None, :]
+  in_dtypes = jnp.where(valid, graph.nodes["dtype"][jnp.maximum(table, 0)], 0)
+  h = _mix(jnp.full(op.shape, 0x811C9DC5, jnp.uint32), op)
+  for a in range(attrs.shape[-1]):
+    h = _mix(h, attrs[:, a])
+  for j in range(valid.shape[-1]):
+    g = _mix(_mix(h, in_ranks[:, j]), in_dtypes[:, j])
+    for d in range(in_shapes.shape[-1]):
+      g = _mix(g, in_shapes[:, j, d])
+    h = jnp.where(valid[:, j], g, h)
+  return h >> 1
+
+
+def kernel_activation_offset(op: int | str) -> int:
+  """The attribute index of a kernel op's (`KERNEL_OPS`) fused activation."""
+  return _KERNEL_ACT[int(ops.get(op).code)]
+
+
+def lookup_kernels(table: KernelTable, keys: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """(bool[M] found, float32[M] measured ms (0 where not)) of `keys` in `table`."""
+  pos = jnp.minimum(jnp.searchsorted(table.keys, keys), table.keys.shape[0] - 1)
+  hit = table.keys[pos] == keys
+  return hit, jnp.where(hit, table.ms[pos], 0.0)
+
+
+def kernel_rows(feats: jax.Array) -> jax.Array:
+  """bool[N]: the slots that launch a MatMul or convolution kernel (from `node_features`)."""
+  return jnp.sum(feats[:, _KERNEL_LAUNCH], axis=-1) > 0
+
+
+def measured_costs(costs: jax.Array, feats: jax.Array, hit: jax.Array, ms: jax.Array,
+                   coeffs: CostCoefficients) -> tuple[jax.Array, jax.Array]:
+  """(float32[N] node costs, bool[] a kernel missing from the table): each kernel slot whose
+  signature the table has (`hit`) costs its measured time `ms`, scaled by the fitted sibling
+  discount when it runs beside a sibling (`SIBLING`: concurrency is a property of the graph,
+  not of the kernel), plus the model's cost of its epilogue (bias and activation, a loop
+  fusion); other slots keep the model's `costs`."""
+  kernel = kernel_rows(feats)
+  w = jnp.asarray(coeffs.weights, jnp.float32)
+  sib_w, own_w = w[jnp.asarray(_SIBLING_COLS)], w[jnp.asarray(_SIBLING_OF)]
+  ratio = jnp.where(own_w > 0, jnp.minimum(sib_w / jnp.where(own_w > 0, own_w, 1.0), 1.0), 1.0)
+  sibling = feats[:, _SIBLING_COLS] > 0  # [N, 2]: a MatMul or a Conv2D sibling
+  factor = jnp.prod(jnp.where(sibling, ratio[None, :], 1.0), axis=-1)
+  epilogue = feats[:, _EPILOGUE_COLS] @ w[jnp.asarray(_EPILOGUE_COLS)]
+  use = kernel & hit
+  return jnp.where(use, ms * factor + epilogue, costs), jnp.any(kernel & ~hit)
+
+
+# ----------------------------------------------------------------------------------------------
 # Costs (jittable)
 # ----------------------------------------------------------------------------------------------
 
+def node_costs_and_misses(graph: layout.Graph, coeffs: CostCoefficients, *,
+                          pruned: bool = False,
+                          kernels: KernelTable | None = None) -> tuple[jax.Array, jax.Array]:
+  """(float32[N] `node_costs`, bool[] some kernel's signature is not in `kernels`)."""
+  feats = node_features(graph, coeffs.epilogue_fusion, pruned=pruned)
+  costs = feats @ jnp.asarray(coeffs.weights, jnp.float32)
+  if kernels is None:
+    return costs, jnp.asarray(False)
+  return measured_costs(costs, feats, *lookup_kernels(kernels, kernel_keys(graph)), coeffs)
+
+
 def node_costs(graph: layout.Graph, coeffs: CostCoefficients, *,
-               pruned: bool = False) -> jax.Array:
+               pruned: bool = False, kernels: KernelTable | None = None) -> jax.Array:
   """float32[N]: the modelled cost in ms of every node slot (0 for dead, source and unreachable
   nodes and for bitcasts; a constant node costs only the once-per-call read of its value when
   it is the representative of a distinct folded weight). Pure; jit and vmap it (no retrace
-  within a capacity). `pruned`: see `node_features`."""
-  feats = node_features(graph, coeffs.epilogue_fusion, pruned=pruned)
-  return feats @ jnp.asarray(coeffs.weights, jnp.float32)
+  within a capacity). `pruned`: see `node_features`. `kernels`: measured kernel times
+  (`measured_costs`; signatures not in it keep the model's estimate)."""
+  return node_costs_and_misses(graph, coeffs, pruned=pruned, kernels=kernels)[0]
 
 
 def graph_cost(graph: layout.Graph, coeffs: CostCoefficients, *,
-               pruned: bool = False) -> jax.Array:
+               pruned: bool = False, kernels: KernelTable | None = None) -> jax.Array:
   """float32[]: modelled latency in ms, `call_ms + sum(node_costs)`. Pure and jittable.
-  `pruned`: see `node_features`."""
-  return jnp.asarray(coeffs.call_ms, jnp.float32) + jnp.sum(node_costs(graph, coeffs,
-                                                                      pruned=pruned))
+  `pruned`, `kernels`: see `node_costs`."""
+  return jnp.asarray(coeffs.call_ms, jnp.float32) + jnp.sum(
+      node_costs(graph, coeffs, pruned=pruned, kernels=kernels))
 
 
 def graph_features(graph: layout.Graph, epilogue_fusion: bool = False) -> jax.Array:

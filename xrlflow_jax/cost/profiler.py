@@ -103,7 +103,7 @@ def graph_signatures(graph: layout.Graph) -> list[tuple[OpSignature, int]]:
   for v in host.topological_order(g):
     if not live[v] or nd["is_constant"][v] or int(nd["op"][v]) in (Op.INPUT, Op.CONSTANT):
       continue
-    sig = _signature(g, table, int(v))
+    sig = node_signature(g, table, int(v))
     counts[sig] = counts.get(sig, 0) + 1
   return list(counts.items())
 
@@ -172,7 +172,7 @@ def sibling_groups(graph: layout.Graph) -> list[tuple[GroupSignature, int]]:
   for members in by_source.values():
     sigs, slots = [], 1  # the shared input
     for v in members[:MAX_GROUP]:
-      sig = _signature(g, table, v)
+      sig = node_signature(g, table, v)
       if slots + len(sig.in_shapes) > GROUP_CAPACITY:  # the op and its other operands
         break
       sigs.append(sig)
@@ -184,7 +184,8 @@ def sibling_groups(graph: layout.Graph) -> list[tuple[GroupSignature, int]]:
   return list(counts.items())
 
 
-def _signature(g: layout.Graph, table: np.ndarray, v: int) -> OpSignature:
+def node_signature(g: layout.Graph, table: np.ndarray, v: int) -> OpSignature:
+  """The signature of node slot `v` of host graph `g` (`table`: its `layout.input_table`)."""
   nd = g.nodes
   inputs = [int(u) for u in table[v] if u >= 0]
   return OpSignature(

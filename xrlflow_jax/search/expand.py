@@ -15,6 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from xrlflow_jax.cost import incremental
+from xrlflow_jax.cost.kernel_table import KernelTimes
 from xrlflow_jax.cost import model as cost_model
 from xrlflow_jax.graph import host as graph_host
 from xrlflow_jax.graph import identity
@@ -116,12 +117,18 @@ class ExpanderStats:
       (`cost.incremental.MAX_CHANGED`), costed again alone with the full model.
     rehashed: candidates whose rewrite changed more rows than the incremental graph hash
       covers (`graph.identity.MAX_CHANGED_ROWS`), hashed again alone.
+    kernels_added: kernel signatures added to the measured kernel table (from the profiler's
+      cache or measured now); kernel_seconds: the time that took.
+    kernel_recosted: candidates costed again after their new kernels were measured.
   """
   candidates: list[int] = dataclasses.field(default_factory=list)
   buckets: set[int] = dataclasses.field(default_factory=set)
   compile_seconds: float = 0.0
   recosted: int = 0
   rehashed: int = 0
+  kernels_added: int = 0
+  kernel_seconds: float = 0.0
+  kernel_recosted: int = 0
 
   def reset(self) -> None:
     self.candidates.clear()
@@ -129,6 +136,9 @@ class ExpanderStats:
     self.compile_seconds = 0.0
     self.recosted = 0
     self.rehashed = 0
+    self.kernels_added = 0
+    self.kernel_seconds = 0.0
+    self.kernel_recosted = 0
 
 
 def improves(cost: float, reference: float) -> bool:
@@ -163,14 +173,21 @@ class Expander:
   `jax.jit` caches one executable per graph capacity (N, K) and bucket size, so a search
   compiles a few (`trace_counts` counts traces).
 
+  With `kernels`, MatMuls and convolutions cost their measured time (`cost.kernel_table`):
+  every kernel of an expanded or costed graph is measured first, and a candidate with a kernel
+  the table did not have is measured and costed again, so every cost is the measured model's.
+
   Args:
     ruleset: the rules (R rules, L locations, P bound slots).
     coeffs: cost-model coefficients (`cost.load_coefficients()`).
+    kernels: measured kernel times (None: the model's roofline for every kernel).
   """
 
-  def __init__(self, ruleset: RuleSet, coeffs: cost_model.CostCoefficients):
+  def __init__(self, ruleset: RuleSet, coeffs: cost_model.CostCoefficients,
+               kernels: KernelTimes | None = None):
     self.ruleset = ruleset
     self.coeffs = coeffs
+    self.kernels = kernels
     self.trace_counts: dict[str, int] = {"costs": 0, "apply_at": 0, "cost": 0,
                                          "match": 0, "identities": 0}
     self._bucket = jax.jit(self._bucket_impl, static_argnames=("size",))
@@ -207,14 +224,15 @@ class Expander:
     return self.ruleset.num_actions
 
   # ------------------------------------------------------------------ traced bodies
-  def _cost_impl(self, graph: layout.Graph) -> jax.Array:
+  def _cost_impl(self, graph: layout.Graph, table: cost_model.KernelTable | None) -> jax.Array:
     self.trace_counts["cost"] += 1
-    return cost_model.graph_cost(graph, self.coeffs)
+    return cost_model.graph_cost(graph, self.coeffs, kernels=table)
 
-  def _match_impl(self, graph: layout.Graph) -> tuple[RuleSetMatch, jax.Array, jax.Array]:
+  def _match_impl(self, graph: layout.Graph, table: cost_model.KernelTable | None
+                  ) -> tuple[RuleSetMatch, jax.Array, jax.Array]:
     self.trace_counts["match"] += 1
     match = self.ruleset.match(graph)
-    current = cost_model.graph_cost(graph, self.coeffs).astype(jnp.float32)
+    current = cost_model.graph_cost(graph, self.coeffs, kernels=table).astype(jnp.float32)
     return match, match.mask.sum().astype(jnp.int32), current
 
   def _identities_impl(self, graph: layout.Graph) -> jax.Array:
@@ -222,7 +240,7 @@ class Expander:
     return identity.identities(graph)
 
   def _bucket_impl(self, graph: layout.Graph, ids: jax.Array, match: RuleSetMatch,
-                   size: int):
+                   table: cost_model.KernelTable | None, size: int):
     """Builds and costs the first `size` valid (rule, location) pairs of `match`."""
     self.trace_counts["costs"] += 1
     rs = self.ruleset
@@ -234,7 +252,7 @@ class Expander:
     rule = (idx // rs.max_locations).astype(jnp.int32)
     nodes = match.nodes.reshape(a, -1)[idx]  # [B, P]
     incremental_cost = n >= incremental.MIN_CAPACITY
-    base = incremental.cost_base(graph) if incremental_cost else None
+    base = incremental.cost_base(graph, table) if incremental_cost else None
     parent_rows = identity.row_hashes(graph, ids)
 
     def one(r, bound, keep):
@@ -243,25 +261,30 @@ class Expander:
       edit = edit_lib.neutralize(rs.edit(graph, r, bound), keep & (bound[0] >= 0), n)
       new, ok = edit_lib.apply_edit(graph, edit)
       if incremental_cost:
-        cost, exact = incremental.candidate_cost(graph, base, new, self.coeffs)
+        cost, exact, missing = incremental.candidate_cost(graph, base, new, self.coeffs,
+                                                          kernels=table)
       else:
-        cost, exact = cost_model.graph_cost(new, self.coeffs, pruned=True), jnp.asarray(True)
+        costs, missing = cost_model.node_costs_and_misses(new, self.coeffs, pruned=True,
+                                                          kernels=table)
+        cost = jnp.asarray(self.coeffs.call_ms, jnp.float32) + jnp.sum(costs)
+        exact = jnp.asarray(True)
       child_ids = identity.child_identities(graph, ids, new, rs.max_new)
       slots = layout.new_slots(graph, new, rs.max_new)
       safe = jnp.minimum(slots, n - 1)
       delta = (slots, {f: new.nodes[f][safe] for f in _NEW_SLOT_FIELDS},
                {f: new.nodes[f] for f in _ANY_SLOT_FIELDS}, new.senders, new.edges["valid"])
       h, hashed = identity.child_graph_hash(graph, parent_rows, new, child_ids)
-      return delta, ok, cost, exact, child_ids, h, hashed
+      return delta, ok, cost, exact & ~missing, child_ids, h, hashed, missing
 
-    children, ok, c, exact, child_ids, hashes, hashed = jax.vmap(one)(rule, nodes, used)
+    children, ok, c, exact, child_ids, hashes, hashed, missing = jax.vmap(one)(rule, nodes,
+                                                                                used)
     ok = ok & used
     slot = jnp.where(used, idx, a)  # unused bucket slots scatter nowhere
     valid = jnp.zeros([a], bool).at[slot].set(ok, mode="drop")
     cost = jnp.full([a], jnp.inf, jnp.float32).at[slot].set(
         jnp.where(ok, c.astype(jnp.float32), jnp.inf), mode="drop")
     return (valid, cost, idx.astype(jnp.int32), ok, exact | ~ok, children, child_ids, hashes,
-            hashed | ~ok)
+            hashed | ~ok, missing & ok)
 
   def _apply_at_impl(self, graph: layout.Graph, rule: jax.Array,
                      nodes: jax.Array) -> tuple[layout.Graph, jax.Array]:
@@ -298,11 +321,12 @@ class Expander:
     """
     if ids is None:
       ids = self._call(self._identities, graph)
-    match, count, current = self._call(self._match, graph)
+    table = self._kernel_table(graph)
+    match, count, current = self._call(self._match, graph, table)
     count = int(count)
     size = bucket_size(count, self.num_actions)
-    valid, cost, idx, ok, exact, delta, child_ids, hashes, hashed = self._call(
-        self._bucket, graph, ids, match, size=size)
+    valid, cost, idx, ok, exact, delta, child_ids, hashes, hashed, missing = self._call(
+        self._bucket, graph, ids, match, table, size=size)
     self.stats.candidates.append(count)
     self.stats.buckets.add(size)
     slots, new_fields, any_fields, senders, edge_valid = jax.tree_util.tree_map(np.asarray,
@@ -316,11 +340,13 @@ class Expander:
       children.hashes[i] = self.graph_hash(children.graph(int(i)), children.ids[i])
       self.stats.rehashed += 1
     inexact = np.flatnonzero(~np.asarray(exact)[:count])
-    if inexact.size:
+    if inexact.size:  # costed again alone: too many changed slots, or a kernel not measured
       cost = np.array(cost)
       for i in inexact:
         cost[children.actions[i]] = self.cost(children.graph(int(i)))
-      self.stats.recosted += int(inexact.size)
+      kernel = int(np.asarray(missing)[:count].sum())
+      self.stats.kernel_recosted += kernel
+      self.stats.recosted += int(inexact.size) - kernel
       cost = jnp.asarray(cost)
     exp = Expansion(valid=valid, cost=cost, nodes=match.nodes, current=current)
     return exp, children
@@ -350,12 +376,22 @@ class Expander:
     return new, bool(ok)
 
   def cost(self, graph: layout.Graph) -> float:
-    """Modelled cost of `graph` in ms (float)."""
-    return float(self._call(self._cost, graph))
+    """Modelled cost of `graph` in ms (float); with `kernels`, its kernels measured first."""
+    return float(self._call(self._cost, graph, self._kernel_table(graph)))
+
+  def _kernel_table(self, graph: layout.Graph) -> cost_model.KernelTable | None:
+    """The measured kernel table with every kernel of `graph` in it (None without one)."""
+    if self.kernels is None:
+      return None
+    t = time.perf_counter()
+    self.stats.kernels_added += self.kernels.add(graph)
+    self.stats.kernel_seconds += time.perf_counter() - t
+    return self.kernels.table()
 
   def match(self, graph: layout.Graph) -> tuple[np.ndarray, np.ndarray]:
     """(mask bool[R, L], nodes int32[R, L, P]) on the host."""
-    m = self._call(self._match, graph)[0]
+    table = self.kernels.table() if self.kernels is not None else None  # costs unused here
+    m = self._call(self._match, graph, table)[0]
     return np.array(m.mask), np.array(m.nodes)
 
   def step(self, rule: int, location: int, nodes: Any) -> RewriteStep:

@@ -1,0 +1,127 @@
+"""Measured kernel times for the cost model: every distinct MatMul and convolution signature a
+search meets is compiled alone and timed once per device (through the profiler's on-disk cache),
+and the jitted cost model looks kernels up in a `model.KernelTable` instead of estimating them.
+
+    kernels = KernelTimes()                      # the profiler's cache: $XRLFLOW_PROFILE_CACHE
+    kernels.add(graph)                           # measures the graph's kernels not yet known
+    cost = model.graph_cost(graph, coeffs, kernels=kernels.table())
+
+A roofline with one coefficient per FLOP cannot say that XLA:CPU runs a grouped convolution with
+4 channels per group at half the speed of one with 8 (see `model.KERNEL_OPS`); a measurement
+can. Fusion stays the model's: elementwise and data-movement ops, what is written to memory,
+distinct weights and the sibling discount are estimated as before. A kernel the table does not
+have keeps the model's estimate, and `model.measured_costs` reports it missing, so a search can
+measure it (`search.Expander` does) and cost again what it costed without it.
+
+Times are medians of the profiler's runs, less the cost of an empty call (the model adds that
+once per graph), and never change once in the table: a cost computed when all of a graph's
+kernels were known stays valid as the table grows.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from xrlflow_jax.cost import model
+from xrlflow_jax.cost.profiler import OpSignature, Profiler, node_signature
+from xrlflow_jax.graph import layout
+
+DEFAULT_CAPACITY = 1024
+
+
+def bare_kernel(sig: OpSignature) -> OpSignature:
+  """The kernel of a MatMul or convolution signature without its epilogue: activation
+  cleared, only the data and weight operands (what `model.kernel_keys` keys)."""
+  attrs = list(sig.attrs)
+  attrs[model.kernel_activation_offset(sig.op)] = 0
+  n = model.KERNEL_OPERANDS
+  return dataclasses.replace(sig, attrs=tuple(attrs), in_shapes=sig.in_shapes[:n],
+                             in_dtypes=sig.in_dtypes[:n])
+
+
+class KernelTimes:
+  """The measured kernels of one device, served to jitted code as a `model.KernelTable`.
+
+  Args:
+    profiler: measures signatures (default `Profiler()`: this device, the on-disk cache).
+    capacity: table size T; it doubles (a new compiled shape) when more kernels are known.
+  Attributes:
+    measured: signatures measured by this object (not found in the profiler's cache).
+    seconds: wall time spent measuring (and reading the cache).
+  """
+
+  def __init__(self, profiler: Profiler | None = None, capacity: int = DEFAULT_CAPACITY):
+    self.profiler = profiler if profiler is not None else Profiler()
+    self.capacity = int(capacity)
+    self.device_kind = self.profiler.device.device_kind
+    self.call_ms = self.profiler.call_overhead()
+    self.ms: dict[int, float] = {}
+    self.signatures: dict[int, OpSignature] = {}
+    self.measured = 0
+    self.seconds = 0.0
+    self._keys = jax.jit(model.kernel_keys)
+    self._table: model.KernelTable | None = None
+
+  def __len__(self) -> int:
+    return len(self.ms)
+
+  def table(self) -> model.KernelTable:
+    """The known kernels as a device table (capacity T, keys ascending)."""
+    if self._table is None:
+      while len(self.ms) > self.capacity:
+        self.capacity *= 2
+      keys = np.full([self.capacity], model.NO_KERNEL, np.uint32)
+      ms = np.zeros([self.capacity], np.float32)
+      order = sorted(self.ms)
+      keys[:len(order)] = order
+      ms[:len(order)] = [self.ms[k] for k in order]
+      self._table = model.KernelTable(keys=jnp.asarray(keys), ms=jnp.asarray(ms))
+    return self._table
+
+  def missing(self, graph: layout.Graph) -> dict[int, OpSignature]:
+    """{key: signature} of the graph's alive computed kernels (`model.KERNEL_OPS`) that the
+    table does not have."""
+    g = layout.to_host(graph)
+    nd = g.nodes
+    rows = np.flatnonzero(nd["alive"] & ~nd["is_constant"]
+                          & np.isin(nd["op"], np.asarray(model.KERNEL_OPS)))
+    if not rows.size:
+      return {}
+    keys = np.asarray(self._keys(g))
+    table = layout.input_table(g)
+    out: dict[int, OpSignature] = {}
+    for v in rows:
+      key = int(keys[v])
+      if key not in self.ms and key not in out:
+        out[key] = bare_kernel(node_signature(g, table, int(v)))
+    return out
+
+  def add(self, graph: layout.Graph) -> int:
+    """Measures the graph's kernels the table does not have; returns how many were new to it
+    (served from the profiler's cache or measured now)."""
+    todo = self.missing(graph)
+    if not todo:
+      return 0
+    t = time.perf_counter()
+    before = self.profiler.measure_count
+    entries = self.profiler.profile_signatures(list(todo.values()))
+    self.measured += self.profiler.measure_count - before
+    for key, sig in todo.items():
+      self.ms[key] = max(float(entries[sig.key]["median_ms"]) - self.call_ms, 0.0)
+      self.signatures[key] = sig
+    self._table = None
+    self.seconds += time.perf_counter() - t
+    return len(todo)
+
+  def rows(self) -> list[dict[str, Any]]:
+    """The table for a report: one dict per kernel (signature, measured ms), slowest first."""
+    out = [{"kernel": self.signatures[k].describe(), "ms": round(self.ms[k], 4)}
+           for k in self.ms]
+    return sorted(out, key=lambda r: -r["ms"])
