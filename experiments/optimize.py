@@ -59,6 +59,9 @@ _PRECISION = flags.DEFINE_enum("precision", "highest", ["highest", "high", "defa
                                "Numerics policy of matmuls and convolutions for both graphs "
                                "(highest: full float32; high/default: faster on GPUs, bf16_3x/"
                                "TF32); the numerics tolerance follows it.")
+_KERNELS = flags.DEFINE_bool("kernel_table", True, "Cost MatMuls and convolutions by their "
+                              "measured time on this device (each measured once, cached on "
+                              "disk); false: the cost model's roofline alone.")
 _COEFFS = flags.DEFINE_string("cost_coefficients", "", "Cost-model coefficients (JSON) to use "
                               "(default: the shipped fit for this device kind, else a "
                               "calibration made on first use and cached).")
@@ -89,7 +92,8 @@ def main(argv: Sequence[str]) -> None:
         capacity=_CAPACITY.value or None, rules=_RULES.value or None, measure=_MEASURE.value,
         latency_rounds=_ROUNDS.value, repeats_per_round=_REPEATS.value, picture=_PICTURE.value,
         keep_slower=_KEEP_SLOWER.value, compilation_cache_dir=_CACHE.value or None,
-        cost_coefficients=_COEFFS.value or None, precision=_PRECISION.value)
+        cost_coefficients=_COEFFS.value or None, precision=_PRECISION.value,
+        kernel_table=_KERNELS.value)
   except UsageError as e:  # bad input: one line, no usage text, no traceback
     raise SystemExit(f"error: {e}") from None
   except XrlflowError as e:

@@ -31,6 +31,9 @@ def pytest_configure(config):
     config.stash[_OWNED_CACHE] = cache
   jax.config.update("jax_compilation_cache_dir", cache)
   jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
+  # Measured kernels (the optimise job's kernel table) go to a cache of this run, shared by
+  # the workers, not the user's ~/.cache.
+  os.environ.setdefault("XRLFLOW_PROFILE_CACHE", os.path.join(cache, "profiles"))
 
 
 def pytest_unconfigure(config):

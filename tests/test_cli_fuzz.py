@@ -23,7 +23,8 @@ ort = pytest.importorskip("onnxruntime")
 
 from xrlflow_jax import onnx_io  # pylint: disable=g-import-not-at-top,wrong-import-position
 
-FAST = ["--method=greedy", "--budget=1", "--nomeasure", "--nopicture", "--compilation_cache=off"]
+FAST = ["--method=greedy", "--budget=1", "--nomeasure", "--nopicture", "--compilation_cache=off",
+        "--nokernel_table"]
 
 
 def _cnn(path: Path, *, weights: np.ndarray | None = None, dims=(1, 3, 8, 8)) -> Path:

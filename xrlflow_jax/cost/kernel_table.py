@@ -125,3 +125,15 @@ class KernelTimes:
     out = [{"kernel": self.signatures[k].describe(), "ms": round(self.ms[k], 4)}
            for k in self.ms]
     return sorted(out, key=lambda r: -r["ms"])
+
+
+_SHARED: dict[str, KernelTimes] = {}
+
+
+def shared() -> KernelTimes:
+  """This process's kernel table for JAX's default device (one per device kind, the
+  profiler's default cache): repeated jobs share what was measured and the compiled code."""
+  kind = jax.devices()[0].device_kind
+  if kind not in _SHARED:
+    _SHARED[kind] = KernelTimes()
+  return _SHARED[kind]

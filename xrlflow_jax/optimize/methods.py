@@ -57,10 +57,12 @@ def _found_from_result(result: Any, found_by: str) -> Found:
 
 def run_search(loaded: Loaded, method: str, coeffs: cost.CostCoefficients, *, seed: int = 0,
                rules: Sequence[str] | None = None, max_locations: int = 16,
-               options: Mapping[str, Any] | None = None) -> Found:
-  """A baseline search ("greedy", "taso", "beam", "random") on the cost model, over the rules
-  of the selection `rules` (default: every built-in rule) that can fire on the graph: rules
-  whose source ops cannot occur are not compiled (`rules.rules_that_can_fire`)."""
+               options: Mapping[str, Any] | None = None,
+               kernels: cost.KernelTimes | None = None) -> Found:
+  """A baseline search ("greedy", "taso", "beam", "random") on the cost model (with `kernels`,
+  its measured kernel table), over the rules of the selection `rules` (default: every built-in
+  rule) that can fire on the graph: rules whose source ops cannot occur are not compiled
+  (`rules.rules_that_can_fire`)."""
   if rules:
     selected = _ruleset(rules, max_locations)
     firing = (rules_that_can_fire(selected.rules, graph_op_codes([loaded.graph]))
@@ -71,7 +73,7 @@ def run_search(loaded: Loaded, method: str, coeffs: cost.CostCoefficients, *, se
     ruleset = search.default_ruleset(loaded.graph)
     kept = f"{len(ruleset)} of {len(builtin_rules())} built-in rules can fire on this graph"
   result = search.optimize(loaded.graph, loaded.params, method, ruleset, coeffs, measure=False,
-                           seed=seed, **dict(options or {}))
+                           seed=seed, kernels=kernels, **dict(options or {}))
   found = _found_from_result(result, method)
   found.details.update(_ruleset_details(ruleset, rules or (), default=search.is_default(ruleset)))
   found.details["rules_kept"] = kept

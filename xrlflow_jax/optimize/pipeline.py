@@ -13,6 +13,7 @@ from typing import Any, Callable, Mapping, Sequence
 from xrlflow_jax import compilation_cache, cost
 from xrlflow_jax import graph as G
 from xrlflow_jax.cost import calibrate
+from xrlflow_jax.cost import kernel_table as kernel_table_lib
 from xrlflow_jax.measure import Comparison, NumericsError, Speedup, check_numerics, compare
 from xrlflow_jax.ops import precision as precision_lib
 from xrlflow_jax.optimize import checks, methods
@@ -75,6 +76,7 @@ def optimize_model(source: str = DEFAULT_MODEL, *, method: str = "ppo", size: st
                    picture: bool = True,
                    cost_coefficients: str | None = None, write: bool = True,
                    keep_slower: bool = False, compilation_cache_dir: str | None = None,
+                   kernel_table: bool = True,
                    log: Callable[[str], None] = print) -> OptimizeReport:
   """Optimises a model and writes the result with its evidence (see the module docstring).
 
@@ -102,6 +104,10 @@ def optimize_model(source: str = DEFAULT_MODEL, *, method: str = "ppo", size: st
       (default: the input is returned instead, see `measured_guard`).
     compilation_cache_dir: JAX's persistent compilation cache (None: `$XRLFLOW_COMPILATION_CACHE`
       or the per-user default; "off": none), see `compilation_cache.enable`.
+    kernel_table: the searches cost MatMuls and convolutions by their measured time on this
+      device (`cost.kernel_table`; each kernel measured once and kept in the profiler's
+      on-disk cache, `$XRLFLOW_PROFILE_CACHE` or ~/.cache/xrlflow_jax/profiles); False: the
+      model's roofline alone. Not used by "ppo" (training's environment costs by the model).
   Raises:
     OptimizeError (bad input), OnnxImportError, NumericsError (nothing written), SearchError.
   """
@@ -139,13 +145,25 @@ def optimize_model(source: str = DEFAULT_MODEL, *, method: str = "ppo", size: st
     opts = dict(search_options or {})
     if budget is not None:
       opts.setdefault(BUDGET_OPTION[method], int(budget))
-    found = methods.run_search(loaded, method, coeffs, seed=seed, rules=rules, options=opts)
+    kernels = kernel_table_lib.shared() if kernel_table else None
+    found = methods.run_search(loaded, method, coeffs, seed=seed, rules=rules, options=opts,
+                               kernels=kernels)
+    if kernels is not None:
+      found.details["cost_model"] = (
+          f"measured kernel table ({len(kernels)} kernels known, "
+          f"{kernels.measured} measured in this process)")
+    else:
+      found.details["cost_model"] = "roofline"
   times["search"] = time.perf_counter() - t
   found.details["compilation_cache"] = str(cache_dir) if cache_dir else "off"
   compiled = float(found.details.get("options", {}).get("compile_seconds", 0.0))
   if compiled:  # the search's first calls of each compiled shape, reported on their own
     times["compile"] = compiled
     times["search"] -= compiled
+  measuring = float(found.details.get("options", {}).get("kernel_seconds", 0.0))
+  if measuring:  # kernels measured (or read from the profile cache) for the cost model
+    times["kernels"] = measuring
+    times["search"] -= measuring
 
   t = time.perf_counter()
   best = found.graph

@@ -131,6 +131,10 @@ class OptimizeReport:
            f"{self.measured.describe()}{device if meas is not None else ''}"),
         f"rewrites: {nrw} (found by {self.found_by}){returned}",
         f"numerics: {n.describe()} (precision {self.precision})",
+    ]
+    if "cost_model" in self.details:
+      lines.append(f"cost model: {self.details['cost_model']}")
+    lines += [
         "time: " + ", ".join(f"{k} {v:.1f}s" for k, v in self.seconds.items()),
     ]
     if self.random_weights:

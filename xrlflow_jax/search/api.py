@@ -8,6 +8,7 @@ from typing import Any, Callable
 from xrlflow_jax import compilation_cache
 from xrlflow_jax.cost import calibrate
 from xrlflow_jax.cost import model as cost_model
+from xrlflow_jax.cost.kernel_table import KernelTimes
 from xrlflow_jax.graph import layout
 from xrlflow_jax.graph.params import ParamStore
 from xrlflow_jax.measure import check_settings, compare
@@ -54,14 +55,17 @@ def is_default(ruleset: RuleSet) -> bool:
           and ruleset.names == [r.name for r in builtin_rules()])
 
 
-def get_expander(ruleset: RuleSet, coeffs: cost_model.CostCoefficients) -> Expander:
-  """The Expander of (ruleset, coeffs), cached: repeated searches reuse its compiled code."""
-  return _EXPANDERS.get((ruleset, coeffs), lambda: Expander(ruleset, coeffs))
+def get_expander(ruleset: RuleSet, coeffs: cost_model.CostCoefficients,
+                 kernels: KernelTimes | None = None) -> Expander:
+  """The Expander of (ruleset, coeffs, kernels), cached: repeated searches reuse its compiled
+  code."""
+  return _EXPANDERS.get((ruleset, coeffs, kernels), lambda: Expander(ruleset, coeffs, kernels))
 
 
 def optimize(graph: layout.Graph, params: ParamStore, method: str = "taso",
              ruleset: RuleSet | None = None, coeffs: cost_model.CostCoefficients | None = None,
-             *, expander: Expander | None = None, measure: bool = False, seed: int = 0,
+             *, expander: Expander | None = None, kernels: KernelTimes | None = None,
+             measure: bool = False, seed: int = 0,
              measure_options: dict[str, Any] | None = None, **options: Any) -> SearchResult:
   """Searches for a faster graph with `method` and returns a guarded SearchResult.
 
@@ -73,7 +77,11 @@ def optimize(graph: layout.Graph, params: ParamStore, method: str = "taso",
       `default_ruleset(graph)`; for "policy", the agent's).
     coeffs: cost-model coefficients (default: this device's, `cost.calibrate.coefficients()`:
       the shipped fit, or a calibration made on first use).
-    expander: a compiled Expander to reuse (overrides ruleset and coeffs).
+    expander: a compiled Expander to reuse (overrides ruleset, coeffs and kernels).
+    kernels: measured kernel times (`cost.KernelTimes`): MatMuls and convolutions cost what
+      they measure on this device (new ones are measured as the search meets them); None:
+      the model's roofline. The result's options record the table's size and the time spent
+      measuring (`kernel_seconds`).
     measure: time the input and the best graph side by side and return the input unless the
       best is measured significantly faster (`measure.compare`; else the guard uses the
       modelled cost).
@@ -108,17 +116,22 @@ def optimize(graph: layout.Graph, params: ParamStore, method: str = "taso",
       ruleset = agent.ruleset
     ruleset = ruleset if ruleset is not None else default_ruleset(graph)
     coeffs = coeffs if coeffs is not None else calibrate.coefficients()
-    expander = get_expander(ruleset, coeffs)
+    expander = get_expander(ruleset, coeffs, kernels)
   if method == "policy":
     missing = [k for k in ("agent", "network_params") if options.get(k) is None]
     if missing:
       raise SearchError(f"method 'policy' needs {' and '.join(m + '=' for m in missing)}")
   compilation_cache.enable()
   compiled_before = expander.stats.compile_seconds
+  kernel_before = expander.stats.kernel_seconds
   result = driver(graph, params, expander, measure=measure, seed=seed,
                   measure_options=measure_options, **options)
   result.options["compile_seconds"] = expander.stats.compile_seconds - compiled_before
   result.options["rules"] = len(expander.ruleset)
+  if expander.kernels is not None:
+    result.options["kernel_seconds"] = expander.stats.kernel_seconds - kernel_before
+    result.options["kernels"] = len(expander.kernels)
+    result.options["kernels_measured"] = expander.kernels.measured
   return result
 
 
