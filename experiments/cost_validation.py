@@ -24,6 +24,7 @@ from absl import app, flags
 
 from xrlflow_jax import models
 from xrlflow_jax.cost import fit as fit_lib
+from xrlflow_jax.cost import kernel_table
 from xrlflow_jax.cost import latency
 from xrlflow_jax.cost import model as cost_model
 from xrlflow_jax.harness import cost_validation as validate
@@ -51,6 +52,8 @@ _SEED = flags.DEFINE_integer("seed", 0, "Seed of the rewrite sequences.")
 _COEFFS = flags.DEFINE_string("coeffs", None, "Coefficients JSON (default: the shipped ones).")
 _BACKEND = flags.DEFINE_string("backend", None, "JAX platform (default: JAX's default).")
 _OUT = flags.DEFINE_string("out", None, "Write every measurement as JSON here.")
+_KERNELS = flags.DEFINE_bool("kernel_table", True, "Also rank by the model with the measured "
+                              "kernel table (each kernel measured once, cached on disk).")
 _FIT_CACHE = flags.DEFINE_string(
     "fit_cache", None, "A profile cache folder the coefficients were fitted from: variants it "
     "measured side by side are excluded, so the validation is held out.")
@@ -69,6 +72,7 @@ def main(argv: list[str]) -> None:
     cache = ProfileCache(_FIT_CACHE.value, device.device_kind)
     exclude = {k.split("|")[2] for k in cache.entries if k.startswith(fit_lib.PAIR_PREFIX)}
     print(f"excluding {len(exclude)} graphs the fit measured")
+  kernels = kernel_table.shared() if _KERNELS.value else None
   walkers: dict[tuple[int, int], RewriteWalker] = {}
   results = []
   for spec, size in sources:
@@ -82,13 +86,17 @@ def main(argv: list[str]) -> None:
                                   rounds=_ROUNDS.value, repeats_per_round=_REPEATS.value,
                                   min_round_ms=_MIN_ROUND_MS.value, passes=_PASSES.value,
                                   backend=_BACKEND.value,
-                                  exclude=exclude)
+                                  exclude=exclude, kernels=kernels)
     results.append(res)
     print(f"{name}: Spearman {res.spearman_all:.3f} (walks {res.spearman_walks:.3f}; "
           f"retest {res.retest_spearman:.3f}, ceiling {res.ceiling:.3f}), sign "
           f"accuracy {res.sign_accuracy:.2f} over {res.sign_pairs} pairs, spread "
           f"{res.latency_spread:.2f}x, control deviation {100 * res.control_dev:.1f}%, "
           f"{res.seconds:.0f}s", flush=True)
+    if res.with_kernels is not None:
+      k = res.with_kernels
+      print(f"{name} with the kernel table: Spearman {k.spearman_all:.3f} (walks "
+            f"{k.spearman_walks:.3f}), sign accuracy {k.sign_accuracy:.2f}", flush=True)
     if _OUT.value:  # after every model, so a long run that is stopped keeps what it measured
       _write(_OUT.value, results, coeffs)
   print()

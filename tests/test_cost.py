@@ -393,11 +393,17 @@ def qkv_walker():
        merge.split_matmul_shared_input()], max_locations=4)
 
 
-def test_validate_model_two_passes_end_to_end(qkv_walker):
+def test_validate_model_two_passes_end_to_end(qkv_walker, tmp_path):
+  from xrlflow_jax.cost import kernel_table  # pylint: disable=g-import-not-at-top
   graph = _qkv(False, 16, 64)
+  kernels = kernel_table.KernelTimes(P.Profiler(cache_dir=tmp_path, repeats=5,
+                                                min_time_s=0.01))
   res = V.validate_model(graph, _qkv_params(16, 64), M.load_coefficients("cpu"), name="qkv",
                          walker=qkv_walker, variants=3, neighbours=2, max_steps=2, rounds=2,
-                         min_round_ms=2.0, passes=2, log=None)
+                         min_round_ms=2.0, passes=2, kernels=kernels, log=None)
+  # The kernel-table ranking is of the same measurements: every variant's MatMuls measured.
+  assert res.with_kernels is not None and -1.0 <= res.with_kernels.spearman_all <= 1.0
+  assert len(kernels) >= 2 and kernels.measured == len(kernels)
   kinds = [i.kind for i in res.items]
   assert kinds[0] == "control" and "neighbour" in kinds
   assert all(i.ratio > 0 and i.cost_ms > 0 for i in res.items)

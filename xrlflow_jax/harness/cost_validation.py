@@ -20,6 +20,7 @@ import jax
 import numpy as np
 
 from xrlflow_jax.cost import model as cost_model
+from xrlflow_jax.cost.kernel_table import KernelTimes
 from xrlflow_jax.harness.variants import RewriteWalker, Step, fingerprint
 from xrlflow_jax.measure import measure_passes, spearman
 from xrlflow_jax.graph import ParamStore, layout
@@ -91,6 +92,8 @@ class ModelValidation(Agreement):
     original_ms / original_cost_ms: measured and modelled latency of the original.
     items: every measured graph but the original.
     seconds: wall time of the whole validation.
+    with_kernels: the same `Agreement` for the model with the measured kernel table (None
+      when not asked for); items' `cost_ms` stay the roofline's.
   """
   model: str
   nodes: int
@@ -98,6 +101,7 @@ class ModelValidation(Agreement):
   original_cost_ms: float
   items: list[Item]
   seconds: float
+  with_kernels: Agreement | None = None
 
   @property
   def latency_spread(self) -> float:
@@ -162,9 +166,17 @@ def agreement(kinds: Sequence[str], ratios: np.ndarray, costs: np.ndarray, origi
                    sign_correct, tie_pairs, tie_quiet, float(threshold), control_dev)
 
 
-def _costs(graphs: Sequence[layout.Graph], coeffs: cost_model.CostCoefficients) -> np.ndarray:
-  fn = jax.jit(cost_model.graph_cost)
-  return np.asarray([float(fn(g, coeffs)) for g in graphs], np.float64)
+def _costs(graphs: Sequence[layout.Graph], coeffs: cost_model.CostCoefficients,
+           kernels: KernelTimes | None = None) -> np.ndarray:
+  """float64[G]: the modelled cost of each graph (with `kernels`: every graph's kernels
+  measured first, then costed with the table)."""
+  table = None
+  if kernels is not None:
+    for g in graphs:
+      kernels.add(g)
+    table = kernels.table()
+  fn = jax.jit(lambda g, c, t: cost_model.graph_cost(g, c, kernels=t))
+  return np.asarray([float(fn(g, coeffs, table)) for g in graphs], np.float64)
 
 
 def validate_model(graph: layout.Graph, params: ParamStore, coeffs: cost_model.CostCoefficients,
@@ -173,6 +185,7 @@ def validate_model(graph: layout.Graph, params: ParamStore, coeffs: cost_model.C
                    rounds: int = 10, repeats_per_round: int = 3, min_round_ms: float = 30.0,
                    passes: int = 2, noise_floor: float = 0.02, model_tie_tol: float = 1e-3,
                    backend: str | None = None, exclude: Collection[str] = (),
+                   kernels: KernelTimes | None = None,
                    log: Callable[[str], None] | None = print) -> ModelValidation:
   """Validates the cost model on random rewritten variants of one model.
 
@@ -188,6 +201,8 @@ def validate_model(graph: layout.Graph, params: ParamStore, coeffs: cost_model.C
     noise_floor, model_tie_tol: see `agreement`.
     exclude: structural hashes of graphs not to use (e.g. those the coefficients were fitted
       on, so the validation is held out).
+    kernels: also rank the graphs by the model with this measured kernel table
+      (`ModelValidation.with_kernels`), against the same measurements.
   """
   t_start = time.perf_counter()
   walker = walker or RewriteWalker()
@@ -226,14 +241,19 @@ def validate_model(graph: layout.Graph, params: ParamStore, coeffs: cost_model.C
   c0, cost = costs[0], costs[1:]
   agree = agreement(kinds, measured.ratio, cost, c0, noise_floor=noise_floor,
                     model_tie_tol=model_tie_tol)
+  with_kernels = None
+  if kernels is not None:
+    kcosts = _costs([graph] + graphs, coeffs, kernels)
+    with_kernels = agreement(kinds, measured.ratio, kcosts[1:], kcosts[0],
+                             noise_floor=noise_floor, model_tie_tol=model_tie_tol)
   iqr = np.median([[s.iqr_ms for s in st] for st in measured.stats], axis=0)
   items = [Item(k, t, float(r), float(r * measured.reference_ms), float(q), float(c))
            for k, t, r, q, c in zip(kinds, trails, measured.mean_ratio, iqr, cost)]
   nodes = int(np.asarray(graph.nodes["alive"]).sum())
   return ModelValidation(**dataclasses.asdict(agree), model=name, nodes=nodes,
                          original_ms=measured.reference_ms, original_cost_ms=float(c0),
-                         items=items,
-                         seconds=time.perf_counter() - t_start)
+                         items=items, seconds=time.perf_counter() - t_start,
+                         with_kernels=with_kernels)
 
 
 def markdown(rows: Sequence[ModelValidation], machine: str) -> str:
@@ -241,14 +261,18 @@ def markdown(rows: Sequence[ModelValidation], machine: str) -> str:
   lines = [f"Cost model vs measured XLA latency ({machine})", "",
            "| model | nodes | graphs | measured ms | model ms | latency spread | Spearman (all) "
            "| Spearman (walks) | retest Spearman | ceiling | sign acc. (pairs) "
-           "| model ties quiet | noise thr. | control dev. |",
-           "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+           "| model ties quiet | noise thr. | control dev. | Spearman, kernel table "
+           "| sign acc., kernel table |",
+           "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
   for r in rows:
     n = sum(i.kind != "control" for i in r.items) + 1
+    k = r.with_kernels
+    kernel_cols = ("- | - |" if k is None else
+                   f"{k.spearman_all:.3f} | {k.sign_accuracy:.2f} ({k.sign_pairs}) |")
     lines.append(
         f"| {r.model} | {r.nodes} | {n} | {r.original_ms:.3f} | {r.original_cost_ms:.3f} | "
         f"{r.latency_spread:.2f}x | {r.spearman_all:.3f} | {r.spearman_walks:.3f} | "
         f"{r.retest_spearman:.3f} | {r.ceiling:.3f} | {r.sign_accuracy:.2f} ({r.sign_pairs}) | "
         f"{r.tie_quiet}/{r.tie_pairs} | "
-        f"{100 * r.noise_threshold:.1f}% | {100 * r.control_dev:.1f}% |")
+        f"{100 * r.noise_threshold:.1f}% | {100 * r.control_dev:.1f}% | " + kernel_cols)
   return "\n".join(lines)
