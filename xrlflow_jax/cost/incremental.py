@@ -69,8 +69,9 @@ class CostBase:
     const_mb: float32[N], every slot's output megabytes.
     sorted_key: uint32[N], `const_key` sorted (class sizes by binary search).
     const_total: float32[], megabytes of the parent's distinct folded constants.
-    kernel_hit, kernel_ms: bool[N], float32[N], every slot's measured kernel time
-      (`model.lookup_kernels`; None without a kernel table).
+    kernel_key, kernel_hit, kernel_ms: uint32[N], bool[N], float32[N], every slot's kernel
+      key and measured time (`model.kernel_keys`, `model.lookup_kernels`; None without a
+      kernel table).
   The constant parts take liveness as `alive` (as the pruned child's: `candidate_cost`).
   """
   operands: tuple[jax.Array, ...]
@@ -82,6 +83,7 @@ class CostBase:
   const_mb: jax.Array
   sorted_key: jax.Array
   const_total: jax.Array
+  kernel_key: jax.Array | None = None
   kernel_hit: jax.Array | None = None
   kernel_ms: jax.Array | None = None
 
@@ -110,12 +112,14 @@ def cost_base(graph: layout.Graph, kernels: model.KernelTable | None = None) -> 
   mb = _out_mb(graph)
   first = model.distinct_constant_mb(graph, table, alive, mb)
   operands = model.flop_operands(graph)
-  hit, kms = (None, None) if kernels is None else model.lookup_kernels(
-      kernels, model.kernel_keys(graph))
+  kkey = hit = kms = None
+  if kernels is not None:
+    kkey = model.kernel_keys(graph)
+    hit, kms = model.lookup_kernels(kernels, kkey)
   return CostBase(operands=operands, flops=jax.vmap(ops.flops_jit)(*operands), hashes=hashes,
                   reads=reads, const_read=const_read, const_key=key, const_mb=mb,
-                  sorted_key=jnp.sort(key), const_total=jnp.sum(first), kernel_hit=hit,
-                  kernel_ms=kms)
+                  sorted_key=jnp.sort(key), const_total=jnp.sum(first), kernel_key=kkey,
+                  kernel_hit=hit, kernel_ms=kms)
 
 
 def _changed_rows(parent: layout.Graph, base: CostBase, child: layout.Graph, max_changed: int,
@@ -142,7 +146,7 @@ def _changed_rows(parent: layout.Graph, base: CostBase, child: layout.Graph, max
   keys = None
   if kernels is not None:  # the inputs' dtypes too
     keys = model.kernel_keys(child, rows)
-    differs = differs | (keys != model.kernel_keys(parent, rows))
+    differs = differs | (keys != base.kernel_key[rows])
   dirty = (cand < n) & differs
   (j,) = jnp.nonzero(dirty, size=max_changed, fill_value=2 * max_changed)
   pick = jnp.minimum(j, 2 * max_changed - 1)
