@@ -209,3 +209,20 @@ def test_table_grows_past_its_capacity(tmp_path):
   assert (np.diff(keys.astype(np.int64)) > 0).all()
   hit, ms = cost_model.lookup_kernels(table, jnp.asarray(keys[:3]))
   assert np.asarray(hit).all() and sorted(np.asarray(ms).round(3)) == [1.995, 2.995, 4.995]
+
+
+def test_a_kernel_that_cannot_be_timed_keeps_the_roofline(tmp_path):
+  """A profiler error (say, a kernel too big to run alone) is recorded, not raised: that kernel
+  keeps the model's estimate and is not reported missing (so a search does not measure it
+  again and again)."""
+  def refuse(sig):
+    raise cost.ProfileError(f"cannot build {sig.describe()} alone")
+  coeffs = cost.load_coefficients("cpu")
+  graph, _ = _conv_graph(bias=True)
+  times = kernel_table.KernelTimes(_TableProfiler(tmp_path, refuse))
+  assert times.add(graph) == 1 and len(times.unmeasured) == 1
+  assert "cannot build" in times.rows()[0]["unmeasured"]
+  costs, missing = cost_model.node_costs_and_misses(graph, coeffs, kernels=times.table())
+  assert not bool(missing)
+  np.testing.assert_array_equal(np.asarray(costs),
+                                np.asarray(cost_model.node_costs(graph, coeffs)))

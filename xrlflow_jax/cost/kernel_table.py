@@ -31,6 +31,7 @@ import numpy as np
 
 from xrlflow_jax.cost import model
 from xrlflow_jax.cost.profiler import OpSignature, Profiler, node_signature
+from xrlflow_jax.errors import XrlflowError
 from xrlflow_jax.graph import layout
 
 DEFAULT_CAPACITY = 1024
@@ -55,6 +56,8 @@ class KernelTimes:
   Attributes:
     measured: signatures measured by this object (not found in the profiler's cache).
     seconds: wall time spent measuring (and reading the cache).
+    unmeasured: {key: reason} of kernels the profiler could not time alone (they keep the
+      model's estimate: `model.UNMEASURED_MS`).
   """
 
   def __init__(self, profiler: Profiler | None = None, capacity: int = DEFAULT_CAPACITY):
@@ -66,6 +69,7 @@ class KernelTimes:
     self.signatures: dict[int, OpSignature] = {}
     self.measured = 0
     self.seconds = 0.0
+    self.unmeasured: dict[int, str] = {}
     self._keys = jax.jit(model.kernel_keys)
     self._table: model.KernelTable | None = None
 
@@ -111,18 +115,24 @@ class KernelTimes:
       return 0
     t = time.perf_counter()
     before = self.profiler.measure_count
-    entries = self.profiler.profile_signatures(list(todo.values()))
-    self.measured += self.profiler.measure_count - before
     for key, sig in todo.items():
-      self.ms[key] = max(float(entries[sig.key]["median_ms"]) - self.call_ms, 0.0)
       self.signatures[key] = sig
+      try:
+        entry = self.profiler.profile_signatures([sig])[sig.key]
+      except XrlflowError as e:  # e.g. too big for memory alone: the roofline estimates it
+        self.ms[key] = model.UNMEASURED_MS
+        self.unmeasured[key] = f"{type(e).__name__}: {e}"
+        continue
+      self.ms[key] = max(float(entry["median_ms"]) - self.call_ms, 0.0)
+    self.measured += self.profiler.measure_count - before
     self._table = None
     self.seconds += time.perf_counter() - t
     return len(todo)
 
   def rows(self) -> list[dict[str, Any]]:
     """The table for a report: one dict per kernel (signature, measured ms), slowest first."""
-    out = [{"kernel": self.signatures[k].describe(), "ms": round(self.ms[k], 4)}
+    out = [{"kernel": self.signatures[k].describe(), "ms": round(self.ms[k], 4),
+            **({"unmeasured": self.unmeasured[k]} if k in self.unmeasured else {})}
            for k in self.ms]
     return sorted(out, key=lambda r: -r["ms"])
 

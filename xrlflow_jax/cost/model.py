@@ -3,6 +3,8 @@
     coeffs = load_coefficients()                 # the shipped CPU fit (or this device's refit)
     per_node = node_costs(graph, coeffs)         # float32[N], ms
     total = graph_cost(graph, coeffs)            # float32[], ms; jit and vmap freely
+    total = graph_cost(graph, coeffs, kernels=table)  # MatMuls/convolutions as measured
+                                                      # (`KernelTable`, `cost.kernel_table`)
 
 Every node gets a feature vector that is linear in the coefficients (`FEATURE_NAMES`): for each
 kernel class (matmul, conv, grouped conv, norm, reduce, loop) a kernel count ("launch"), GFLOPs
@@ -497,6 +499,7 @@ def flops_all(graph: layout.Graph) -> jax.Array:
 # with 16, twice the FLOPs; at 14x14 the same change goes from 1.9 to 3.2 ms).
 KERNEL_OPS = (Op.MATMUL, Op.CONV2D, Op.CONV_TRANSPOSE)
 NO_KERNEL = 0xFFFFFFFF  # table padding (keys are 31-bit)
+UNMEASURED_MS = -1.0  # a kernel the profiler could not time alone: it keeps the roofline
 _KERNEL_LAUNCH = [FEATURE_NAMES.index(f"{c}.launch") for c in ("matmul", "conv", "gconv")]
 _SIBLING_COLS = [FEATURE_NAMES.index(f) for f in SIBLING]
 _SIBLING_OF = [FEATURE_NAMES.index(f) for f in ("matmul.gflop", "conv.gflop")]
@@ -514,7 +517,8 @@ class KernelTable:
     keys: uint32[T], the signature keys, ascending; `NO_KERNEL` pads the unused tail.
     ms: float32[T], each kernel's measured time alone (data and weight only: its bias and
       activation epilogue stays the model's, where fusion decides it), less the cost of an
-      empty call.
+      empty call; `UNMEASURED_MS` for a known kernel that could not be timed alone (it keeps
+      the model's estimate and is not reported missing).
   A pytree of fixed capacity T: a table that grows within T reuses compiled code.
   """
   keys: jax.Array
@@ -578,7 +582,7 @@ def measured_costs(costs: jax.Array, feats: jax.Array, hit: jax.Array, ms: jax.A
   sibling = feats[:, _SIBLING_COLS] > 0  # [N, 2]: a MatMul or a Conv2D sibling
   factor = jnp.prod(jnp.where(sibling, ratio[None, :], 1.0), axis=-1)
   epilogue = feats[:, _EPILOGUE_COLS] @ w[jnp.asarray(_EPILOGUE_COLS)]
-  use = kernel & hit
+  use = kernel & hit & (ms >= 0)
   return jnp.where(use, ms * factor + epilogue, costs), jnp.any(kernel & ~hit)
 
 
