@@ -20,6 +20,7 @@ from absl import app, flags
 
 from xrlflow_jax import compilation_cache
 from xrlflow_jax import optimize as opt
+from xrlflow_jax.cost import kernel_table
 from xrlflow_jax.harness import search_benchmark as bench
 
 _SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "models"
@@ -31,6 +32,8 @@ _SIZE = flags.DEFINE_enum("size", "default", list(opt.SIZES), "Zoo model size.")
 _METHOD = flags.DEFINE_enum("method", "taso", ["taso", "beam", "greedy"], "Search method.")
 _BUDGET = flags.DEFINE_integer("budget", 100, "taso: graphs expanded; beam/greedy: steps.")
 _ALPHA = flags.DEFINE_float("alpha", 1.05, "taso: relaxation.")
+_KERNELS = flags.DEFINE_bool("kernel_table", True, "Cost MatMuls and convolutions by their "
+                              "measured time (the optimise job's default); false: the roofline.")
 _CACHE = flags.DEFINE_string("compilation_cache", "", "JAX's persistent compilation cache "
                              "(default: the per-user directory); 'off' to compile afresh.")
 
@@ -42,14 +45,17 @@ def main(argv: list[str]) -> None:
   print(f"{_METHOD.value} search, budget {_BUDGET.value}" +
         (f", alpha {_ALPHA.value}" if _METHOD.value == "taso" else "") +
         f"; {dev.platform} ({dev.device_kind}), {platform.machine()}, jax {jax.__version__}; "
-        f"compilation cache {cache or 'off'}", flush=True)
+        f"compilation cache {cache or 'off'}; cost model "
+        f"{'measured kernel table' if _KERNELS.value else 'roofline'}", flush=True)
+  kernels = kernel_table.shared() if _KERNELS.value else None
   options = {"taso": {"budget": _BUDGET.value, "alpha": _ALPHA.value},
              "beam": {"steps": _BUDGET.value}, "greedy": {"max_steps": _BUDGET.value}}
   rows = []
   for model in _MODELS.value:
     loaded = opt.load_source(model, size=_SIZE.value)
     rows.append(bench.time_search(loaded.label, loaded.graph, loaded.params,
-                                  method=_METHOD.value, **options[_METHOD.value]))
+                                  method=_METHOD.value, kernels=kernels,
+                                  **options[_METHOD.value]))
     r = rows[-1]
     print(f"{r.label}: {r.expansions} expansions, warm {r.warm_expansions_per_s:.1f}/s, cold "
           f"{r.cold_seconds:.1f} s (compile {r.compile_seconds:.1f} s)", flush=True)

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from xrlflow_jax.cost import calibrate
+from xrlflow_jax.cost.kernel_table import KernelTimes
 from xrlflow_jax.cost import model as cost_model
 from xrlflow_jax.graph import host as graph_host
 from xrlflow_jax.graph import layout
@@ -64,13 +65,15 @@ class SearchSpeed:
 
 def time_search(label: str, graph: layout.Graph, params: ParamStore, *, method: str = "taso",
                 coeffs: cost_model.CostCoefficients | None = None,
-                ruleset: RuleSet | None = None, **options: Any) -> SearchSpeed:
+                ruleset: RuleSet | None = None, kernels: KernelTimes | None = None,
+                **options: Any) -> SearchSpeed:
   """Runs `method` twice on `graph` with a fresh Expander of `ruleset` (default
-  `default_ruleset(graph)`): the first call compiles, the second is warm. Both must find the
-  same graph (the search is deterministic); a difference raises AssertionError."""
+  `default_ruleset(graph)`) and `kernels` (a measured kernel table; None: the roofline): the
+  first call compiles (and measures kernels new to the table), the second is warm. Both must
+  find the same graph (the search is deterministic); a difference raises AssertionError."""
   coeffs = coeffs if coeffs is not None else calibrate.coefficients()
   ruleset = ruleset if ruleset is not None else default_ruleset(graph)
-  expander = Expander(ruleset, coeffs)
+  expander = Expander(ruleset, coeffs, kernels)
   t = time.perf_counter()
   cold = optimize(graph, params, method, expander=expander, **options)
   cold_s = time.perf_counter() - t
