@@ -404,6 +404,9 @@ def test_validate_model_two_passes_end_to_end(qkv_walker, tmp_path):
   # The kernel-table ranking is of the same measurements: every variant's MatMuls measured.
   assert res.with_kernels is not None and -1.0 <= res.with_kernels.spearman_all <= 1.0
   assert len(kernels) >= 2 and kernels.measured == len(kernels)
+  counts = res.to_json()["with_kernels"]
+  assert all(type(counts[k]) is int for k in ("sign_pairs", "sign_correct", "tie_pairs",
+                                               "tie_quiet"))
   kinds = [i.kind for i in res.items]
   assert kinds[0] == "control" and "neighbour" in kinds
   assert all(i.ratio > 0 and i.cost_ms > 0 for i in res.items)

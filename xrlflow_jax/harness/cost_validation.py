@@ -158,10 +158,10 @@ def agreement(kinds: Sequence[str], ratios: np.ndarray, costs: np.ndarray, origi
     tie = abs(d_cost) <= model_tie_tol
     if tie:
       tie_pairs += 1
-      tie_quiet += abs(d_lat) <= threshold
+      tie_quiet += int(abs(d_lat) <= threshold)
     if abs(d_lat) > threshold:
       sign_pairs += 1
-      sign_correct += (not tie) and (np.sign(d_cost) == np.sign(d_lat))
+      sign_correct += int((not tie) and (np.sign(d_cost) == np.sign(d_lat)))  # JSON: ints
   return Agreement(sp_all, sp_walk, float(retest), float(ceiling), retest_dev, sign_pairs,
                    sign_correct, tie_pairs, tie_quiet, float(threshold), control_dev)
 
