@@ -37,6 +37,7 @@ from absl import app, flags
 
 from experiments.configs import ppo as ppo_configs
 from xrlflow_jax import cost
+from xrlflow_jax.cost import kernel_table
 from xrlflow_jax import graph as G
 from xrlflow_jax import workflow
 from xrlflow_jax.errors import XrlflowError
@@ -75,6 +76,9 @@ _REPEATS = flags.DEFINE_integer("repeats_per_round", 3, "Timed runs per graph pe
 _ENV_ENVS = flags.DEFINE_integer("env_envs", 8, "Environments of the steps/s rollout.")
 _ENV_STEPS = flags.DEFINE_integer("env_steps", 16, "Steps of the steps/s rollout.")
 _SEED = flags.DEFINE_integer("seed", 0, "Seed of weights, searches and training.")
+_KERNELS = flags.DEFINE_bool("kernel_table", True, "Cost MatMuls and convolutions by their "
+                              "measured time, as the optimise job does (PPO's training "
+                              "environment keeps the roofline); false: the roofline alone.")
 _COEFFS = flags.DEFINE_string("cost_coefficients", "", "Cost-model JSON ('' = shipped fit).")
 
 QUICK_MODELS = ("squeezenet1_1", "bert")
@@ -132,7 +136,8 @@ def benchmark_model(spec, ruleset, coeffs, methods: list[str]) -> list[dict[str,
   loaded, = workflow.load_many([spec], capacity=cap if cap > 0 else None, seed=_SEED.value)
   graph, params = loaded.graph, loaded.params
   G.validate(graph, params)
-  original = B.Outcome("original", graph, B.modelled_cost(graph, coeffs))
+  kernels = kernel_table.shared() if _KERNELS.value else None
+  original = B.Outcome("original", graph, B.modelled_cost(graph, coeffs, kernels))
   print(f"\n## {spec.label}: {G.num_nodes(graph)} nodes, capacity {G.capacity(graph)}, "
         f"modelled {original.modelled_cost:.4f} ms", flush=True)
   steps_per_s = B.env_steps_per_second(graph, ruleset, coeffs, num_envs=_opt("env_envs"),
@@ -148,14 +153,16 @@ def benchmark_model(spec, ruleset, coeffs, methods: list[str]) -> list[dict[str,
                              ruleset, log=lambda s: print("  " + s, flush=True))
         _, train_cost = policy.best(0)
         rollout = B.policy_outcome(policy, graph, params, samples=_PPO_SAMPLES.value,
-                                   label="ppo", seed=_SEED.value)
+                                   label="ppo", seed=_SEED.value, kernels=kernels)
         out = B.Outcome("ppo", rollout.graph, rollout.modelled_cost,
                         policy.seconds + rollout.seconds, rollout.rewrites,
                         f"trained policy: argmax + {_PPO_SAMPLES.value} sampled rollouts after "
                         f"{policy.env_steps} training steps (training's best graph modelled "
-                        f"x{original.modelled_cost / train_cost:.3f})")
+                        f"x{B.modelled_cost(graph, coeffs) / train_cost:.3f} by the roofline "
+                        "training used)")
       else:
-        out = B.run_search(method, graph, params, ruleset, coeffs, options[method], _SEED.value)
+        out = B.run_search(method, graph, params, ruleset, coeffs, options[method], _SEED.value,
+                           kernels=kernels)
     except Exception as e:  # pylint: disable=broad-except
       out = B.failed(method, e, time.perf_counter() - t0)
     print(f"  {method}: modelled {out.modelled_cost:.4f} ms in {out.seconds:.1f}s "

@@ -39,6 +39,7 @@ from absl import app, flags
 
 from experiments.configs import ppo as ppo_configs
 from xrlflow_jax import cost
+from xrlflow_jax.cost import kernel_table
 from xrlflow_jax import graph as G
 from xrlflow_jax import workflow
 from xrlflow_jax.errors import XrlflowError
@@ -70,6 +71,9 @@ _TASO_BUDGET = flags.DEFINE_integer("taso_budget", 200, "taso: graphs expanded."
 _ROUNDS = flags.DEFINE_integer("rounds", 10, "Interleaved timing rounds.")
 _REPEATS = flags.DEFINE_integer("repeats_per_round", 3, "Timed runs per graph per round.")
 _SEED = flags.DEFINE_integer("seed", 0, "Seed of weights, training and sampling.")
+_KERNELS = flags.DEFINE_bool("kernel_table", True, "Cost the searches' and the policy's graphs "
+                              "with measured MatMul and convolution times (training keeps the "
+                              "roofline); false: the roofline alone.")
 _COEFFS = flags.DEFINE_string("cost_coefficients", "", "Cost-model JSON ('' = shipped fit).")
 
 QUICK = {"train_models": ["squeezenet1_1"], "eval_models": ["resnet18"],
@@ -127,24 +131,26 @@ def evaluate_graph(policy, spec, seen: str, graph, params, coeffs) -> list[dict[
   """Baselines and the policy on one graph, measured side by side: report rows."""
   import time  # pylint: disable=g-import-not-at-top
   ruleset = policy.run.ruleset
-  original = B.Outcome("original", graph, B.modelled_cost(graph, coeffs))
+  kernels = kernel_table.shared() if _KERNELS.value else None
+  original = B.Outcome("original", graph, B.modelled_cost(graph, coeffs, kernels))
   outcomes = []
   for method, options in (("greedy", {"max_steps": _opt("greedy_steps")}),
                           ("taso", {"budget": _opt("taso_budget")})):
     t0 = time.perf_counter()
     try:
-      outcomes.append(B.run_search(method, graph, params, ruleset, coeffs, options, _SEED.value))
+      outcomes.append(B.run_search(method, graph, params, ruleset, coeffs, options, _SEED.value,
+                                   kernels=kernels))
     except Exception as e:  # pylint: disable=broad-except
       outcomes.append(B.failed(method, e, time.perf_counter() - t0))
   try:
     outcomes.extend(B.policy_outcomes(policy, graph, params, samples=_opt("samples"),
-                                      seed=_SEED.value))
+                                      seed=_SEED.value, kernels=kernels))
   except Exception as e:  # pylint: disable=broad-except
     outcomes.append(B.failed("ppo", e))
   for o in outcomes:
     print(f"  {o.method}: modelled x{original.modelled_cost / o.modelled_cost:.3f} in "
           f"{o.seconds:.1f}s {o.note}", flush=True)
-  measured = B.measure_side_by_side(
+  measured = B.measure_outcomes(
       graph, params, [o.graph for o in outcomes], rounds=_opt("rounds"),
       repeats_per_round=_opt("repeats_per_round"))
   base = {"model": spec.label, "shape": spec.shape_label, "seen": seen,

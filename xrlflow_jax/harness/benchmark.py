@@ -81,18 +81,24 @@ class Outcome:
   note: str = ""
 
 
-def modelled_cost(graph: Graph, coeffs: cost.CostCoefficients) -> float:
-  """The cost model's latency estimate of `graph` (ms)."""
-  return float(cost.graph_cost(graph, coeffs))
+def modelled_cost(graph: Graph, coeffs: cost.CostCoefficients,
+                  kernels: cost.KernelTimes | None = None) -> float:
+  """The cost model's latency estimate of `graph` (ms); with `kernels`, its kernels measured
+  (the same model the searches use)."""
+  if kernels is None:
+    return float(cost.graph_cost(graph, coeffs))
+  kernels.add(graph)
+  return float(cost.graph_cost(graph, coeffs, kernels=kernels.table()))
 
 
 def run_search(method: str, graph: Graph, params: ParamStore, ruleset, coeffs, options:
-               Mapping[str, Any] | None = None, seed: int = 0) -> Outcome:
+               Mapping[str, Any] | None = None, seed: int = 0,
+               kernels: cost.KernelTimes | None = None) -> Outcome:
   """`search.optimize` with the modelled guard only (latency is measured afterwards, side by
-  side with every other method's graph)."""
+  side with every other method's graph); `kernels`: the measured kernel table."""
   t0 = time.perf_counter()
   r = search.optimize(graph, params, method, ruleset, coeffs, measure=False, seed=seed,
-                      **dict(options or {}))
+                      kernels=kernels, **dict(options or {}))
   note = "input returned (nothing cheaper found)" if r.returned_input else ""
   return Outcome(method, r.best_graph, float(r.best_cost_ms), time.perf_counter() - t0,
                  len(r.rewrites), note)
@@ -165,14 +171,17 @@ def train_ppo(names: Sequence[str], graphs: Sequence[Graph], params: Sequence[Pa
 
 
 def policy_outcome(policy: TrainedPolicy, graph: Graph, params: ParamStore, *, samples: int,
-                   label: str, steps: int | None = None, seed: int = 0) -> Outcome:
+                   label: str, steps: int | None = None, seed: int = 0,
+                   kernels: cost.KernelTimes | None = None) -> Outcome:
   """The trained policy on a (possibly unseen) graph, through the policy search driver (the
   one policy-inference path: `search.optimize(..., "policy")`, observations as in training):
   the argmax rollout and `samples` sampled ones, the cheapest graph any reached under the cost
-  model (the input when nothing is cheaper), with its replayable rewrite count."""
+  model (the input when nothing is cheaper; with `kernels`, costed with the measured kernel
+  table, though training's environment used the roofline), with its replayable rewrite
+  count."""
   run = policy.run
   t0 = time.perf_counter()
-  expander = search.get_expander(run.ruleset, run.coeffs)
+  expander = search.get_expander(run.ruleset, run.coeffs, kernels)
   r = search.optimize(graph, params, "policy", expander=expander, agent=run.agent,
                       network_params=policy.state, env=run.env, steps=steps,
                       num_samples=samples, seed=seed)
@@ -181,10 +190,12 @@ def policy_outcome(policy: TrainedPolicy, graph: Graph, params: ParamStore, *, s
 
 
 def policy_outcomes(policy: TrainedPolicy, graph: Graph, params: ParamStore, *,
-                    samples: int = 8, steps: int | None = None, seed: int = 0) -> list[Outcome]:
+                    samples: int = 8, steps: int | None = None, seed: int = 0,
+                    kernels: cost.KernelTimes | None = None) -> list[Outcome]:
   """Two `policy_outcome`s: "ppo-argmax" (the most likely action each step only) and
   "ppo-best-of-K" (the argmax rollout and K = `samples` sampled ones)."""
-  return [policy_outcome(policy, graph, params, samples=k, label=label, steps=steps, seed=seed)
+  return [policy_outcome(policy, graph, params, samples=k, label=label, steps=steps, seed=seed,
+                         kernels=kernels)
           for label, k in (("ppo-argmax", 0), (f"ppo-best-of-{samples}", samples))]
 
 
