@@ -20,10 +20,9 @@ kernels were known stays valid as the table grows.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Any
-
-import dataclasses
 
 import jax
 import jax.numpy as jnp
@@ -63,7 +62,6 @@ class KernelTimes:
   def __init__(self, profiler: Profiler | None = None, capacity: int = DEFAULT_CAPACITY):
     self.profiler = profiler if profiler is not None else Profiler()
     self.capacity = int(capacity)
-    self.device_kind = self.profiler.device.device_kind
     self.call_ms = self.profiler.call_overhead()
     self.ms: dict[int, float] = {}
     self.signatures: dict[int, OpSignature] = {}

@@ -611,12 +611,19 @@ def node_costs(graph: layout.Graph, coeffs: CostCoefficients, *,
   return node_costs_and_misses(graph, coeffs, pruned=pruned, kernels=kernels)[0]
 
 
+def graph_cost_and_misses(graph: layout.Graph, coeffs: CostCoefficients, *,
+                          pruned: bool = False,
+                          kernels: KernelTable | None = None) -> tuple[jax.Array, jax.Array]:
+  """(float32[] `graph_cost`, bool[] some kernel's signature is not in `kernels`)."""
+  costs, missing = node_costs_and_misses(graph, coeffs, pruned=pruned, kernels=kernels)
+  return jnp.asarray(coeffs.call_ms, jnp.float32) + jnp.sum(costs), missing
+
+
 def graph_cost(graph: layout.Graph, coeffs: CostCoefficients, *,
                pruned: bool = False, kernels: KernelTable | None = None) -> jax.Array:
   """float32[]: modelled latency in ms, `call_ms + sum(node_costs)`. Pure and jittable.
   `pruned`, `kernels`: see `node_costs`."""
-  return jnp.asarray(coeffs.call_ms, jnp.float32) + jnp.sum(
-      node_costs(graph, coeffs, pruned=pruned, kernels=kernels))
+  return graph_cost_and_misses(graph, coeffs, pruned=pruned, kernels=kernels)[0]
 
 
 def graph_features(graph: layout.Graph, epilogue_fusion: bool = False) -> jax.Array:

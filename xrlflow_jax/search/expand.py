@@ -173,9 +173,10 @@ class Expander:
   `jax.jit` caches one executable per graph capacity (N, K) and bucket size, so a search
   compiles a few (`trace_counts` counts traces).
 
-  With `kernels`, MatMuls and convolutions cost their measured time (`cost.kernel_table`):
-  every kernel of an expanded or costed graph is measured first, and a candidate with a kernel
-  the table did not have is measured and costed again, so every cost is the measured model's.
+  With `kernels`, MatMuls and convolutions cost their measured time (`cost.kernel_table`): an
+  expanded or costed graph with a kernel the table does not have (the jitted cost says so) has
+  it measured and is costed again, and so is a candidate with one, so every cost is the
+  measured model's; a graph whose kernels are all known costs no host work for it.
 
   Args:
     ruleset: the rules (R rules, L locations, P bound slots).
@@ -224,16 +225,17 @@ class Expander:
     return self.ruleset.num_actions
 
   # ------------------------------------------------------------------ traced bodies
-  def _cost_impl(self, graph: layout.Graph, table: cost_model.KernelTable | None) -> jax.Array:
+  def _cost_impl(self, graph: layout.Graph, table: cost_model.KernelTable | None
+                 ) -> tuple[jax.Array, jax.Array]:
     self.trace_counts["cost"] += 1
-    return cost_model.graph_cost(graph, self.coeffs, kernels=table)
+    return cost_model.graph_cost_and_misses(graph, self.coeffs, kernels=table)
 
   def _match_impl(self, graph: layout.Graph, table: cost_model.KernelTable | None
-                  ) -> tuple[RuleSetMatch, jax.Array, jax.Array]:
+                  ) -> tuple[RuleSetMatch, jax.Array, jax.Array, jax.Array]:
     self.trace_counts["match"] += 1
     match = self.ruleset.match(graph)
-    current = cost_model.graph_cost(graph, self.coeffs, kernels=table).astype(jnp.float32)
-    return match, match.mask.sum().astype(jnp.int32), current
+    current, missing = cost_model.graph_cost_and_misses(graph, self.coeffs, kernels=table)
+    return match, match.mask.sum().astype(jnp.int32), current.astype(jnp.float32), missing
 
   def _identities_impl(self, graph: layout.Graph) -> jax.Array:
     self.trace_counts["identities"] += 1
@@ -264,9 +266,8 @@ class Expander:
         cost, exact, missing = incremental.candidate_cost(graph, base, new, self.coeffs,
                                                           kernels=table)
       else:
-        costs, missing = cost_model.node_costs_and_misses(new, self.coeffs, pruned=True,
-                                                          kernels=table)
-        cost = jnp.asarray(self.coeffs.call_ms, jnp.float32) + jnp.sum(costs)
+        cost, missing = cost_model.graph_cost_and_misses(new, self.coeffs, pruned=True,
+                                                         kernels=table)
         exact = jnp.asarray(True)
       child_ids = identity.child_identities(graph, ids, new, rs.max_new)
       slots = layout.new_slots(graph, new, rs.max_new)
@@ -321,8 +322,11 @@ class Expander:
     """
     if ids is None:
       ids = self._call(self._identities, graph)
-    table = self._kernel_table(graph)
-    match, count, current = self._call(self._match, graph, table)
+    table = self._kernel_table()
+    match, count, current, missing = self._call(self._match, graph, table)
+    if bool(missing):  # a kernel the table does not have: measured, then costed again
+      table = self._measure_kernels(graph)
+      current = self._call(self._cost, graph, table)[0].astype(jnp.float32)
     count = int(count)
     size = bucket_size(count, self.num_actions)
     valid, cost, idx, ok, exact, delta, child_ids, hashes, hashed, missing = self._call(
@@ -376,13 +380,20 @@ class Expander:
     return new, bool(ok)
 
   def cost(self, graph: layout.Graph) -> float:
-    """Modelled cost of `graph` in ms (float); with `kernels`, its kernels measured first."""
-    return float(self._call(self._cost, graph, self._kernel_table(graph)))
+    """Modelled cost of `graph` in ms (float); with `kernels`, a kernel the table does not
+    have is measured first."""
+    cost, missing = self._call(self._cost, graph, self._kernel_table())
+    if bool(missing):
+      cost, _ = self._call(self._cost, graph, self._measure_kernels(graph))
+    return float(cost)
 
-  def _kernel_table(self, graph: layout.Graph) -> cost_model.KernelTable | None:
-    """The measured kernel table with every kernel of `graph` in it (None without one)."""
-    if self.kernels is None:
-      return None
+  def _kernel_table(self) -> cost_model.KernelTable | None:
+    """The measured kernel table as it is (None without one)."""
+    return self.kernels.table() if self.kernels is not None else None
+
+  def _measure_kernels(self, graph: layout.Graph) -> cost_model.KernelTable:
+    """Adds every kernel of `graph` to the table (measured now or from the profiler's cache);
+    returns the table."""
     t = time.perf_counter()
     self.stats.kernels_added += self.kernels.add(graph)
     self.stats.kernel_seconds += time.perf_counter() - t
@@ -390,8 +401,7 @@ class Expander:
 
   def match(self, graph: layout.Graph) -> tuple[np.ndarray, np.ndarray]:
     """(mask bool[R, L], nodes int32[R, L, P]) on the host."""
-    table = self.kernels.table() if self.kernels is not None else None  # costs unused here
-    m = self._call(self._match, graph, table)[0]
+    m = self._call(self._match, graph, self._kernel_table())[0]  # its costs are unused here
     return np.array(m.mask), np.array(m.nodes)
 
   def step(self, rule: int, location: int, nodes: Any) -> RewriteStep:
