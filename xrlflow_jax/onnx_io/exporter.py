@@ -31,7 +31,7 @@ from xrlflow_jax.errors import OnnxExportError, XrlflowError
 from xrlflow_jax.graph import host, layout
 from xrlflow_jax.graph.params import ParamStore
 from xrlflow_jax.onnx_io.common import EXPORT_OPSET, numpy_to_onnx_dtype, unique_name
-from xrlflow_jax.ops import MAX_RANK, Activation, Op
+from xrlflow_jax.ops import MAX_RANK, Activation, Layout, Op
 from xrlflow_jax.ops.tensor import PAD_MODES
 
 _TWO_GB = 2 ** 31 - 1
@@ -200,15 +200,42 @@ def to_model(graph: layout.Graph, params: ParamStore, *, opset: int = EXPORT_OPS
   return model
 
 
+_TO_NCHW, _TO_NHWC, _HWIO_TO_OIHW = (0, 3, 1, 2), (0, 2, 3, 1), (3, 2, 0, 1)
+
+
 def _emit(w: _Writer, g: layout.Graph, v: int, ins: list[str], srcs: list[int], out: str) -> None:
-  """Writes the ONNX node(s) of project node v, its output named `out`."""
+  """Writes the ONNX node(s) of project node v, its output named `out`.
+
+  ONNX's Conv, pools and BatchNormalization are NCHW: a node in the NHWC layout is written as
+  the NCHW op between transposes (and a Conv2D's HWIO weight transposed back to OIHW).
+  """
+  nd = g.nodes
+  op = Op(int(nd["op"][v]))
+  a = ops.get(op).decode_attrs(nd["attrs"][v])
+  in_shapes = [ops.unpad_shape(nd["shape"][u], nd["rank"][u]) for u in srcs]
+  if a.get("layout", Layout.NCHW) == Layout.NCHW:
+    _emit_node(w, g, v, ins, srcs, out, a, in_shapes)
+    return
+  ins, in_shapes = list(ins), list(in_shapes)
+  ins[0] = w.node("Transpose", [ins[0]], w.name(f"{out}/nchw_input"), perm=list(_TO_NCHW))
+  in_shapes[0] = tuple(in_shapes[0][i] for i in _TO_NCHW)
+  if op == Op.CONV2D:
+    ins[1] = w.node("Transpose", [ins[1]], w.name(f"{out}/oihw_weight"),
+                    perm=list(_HWIO_TO_OIHW))
+    in_shapes[1] = tuple(in_shapes[1][i] for i in _HWIO_TO_OIHW)
+  nchw = w.name(f"{out}/nchw")
+  _emit_node(w, g, v, ins, srcs, nchw, dict(a, layout=int(Layout.NCHW)), in_shapes)
+  w.node("Transpose", [nchw], out, perm=list(_TO_NHWC))
+
+
+def _emit_node(w: _Writer, g: layout.Graph, v: int, ins: list[str], srcs: list[int], out: str,
+               a: dict[str, Any], in_shapes: list[tuple[int, ...]]) -> None:
+  """`_emit` of an NCHW node, with its decoded attributes and input shapes."""
   nd = g.nodes
   op = Op(int(nd["op"][v]))
   spec = ops.get(op)
-  a = spec.decode_attrs(nd["attrs"][v])
   rank = int(nd["rank"][v])
   in_ranks = [int(nd["rank"][u]) for u in srcs]
-  in_shapes = [ops.unpad_shape(nd["shape"][u], nd["rank"][u]) for u in srcs]
   out_dtype = ops.numpy_dtype(int(nd["dtype"][v]))
 
   def with_activation(op_type: str, inputs: list[str], **attrs: Any) -> None:

@@ -4,6 +4,8 @@ and TASO's weight transforms (Enlarge, MergeGConv)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import jax
 import jax.numpy as jnp
 from jax import lax
@@ -11,7 +13,7 @@ from jax import lax
 from xrlflow_jax.ops import precision, spec
 from xrlflow_jax.ops.codes import Op
 from xrlflow_jax.ops.spec import MAX_RANK as R
-from xrlflow_jax.ops.spec import Activation, AttrField, OpSpec
+from xrlflow_jax.ops.spec import Activation, AttrField, Layout, OpSpec
 
 
 def apply_activation(x: jax.Array, activation: int) -> jax.Array:
@@ -29,10 +31,13 @@ def apply_activation(x: jax.Array, activation: int) -> jax.Array:
 
 
 _ACT = AttrField("activation", default=int(Activation.NONE))
+_LAYOUT = AttrField("layout", default=int(Layout.NCHW))  # `Layout`
+_CONV_LAYOUT = 10  # offset of Conv2D's layout (after strides, pads, dilations, groups, activation)
 
 
 # ------------------------------------------------------------------ Conv2D
-# x [N, C, H, W], w [O, C/groups, kh, kw], optional bias [O] -> [N, O, Ho, Wo]
+# x [N, C, H, W], w [O, C/groups, kh, kw], optional bias [O] -> [N, O, Ho, Wo]; with layout
+# NHWC: x [N, H, W, C], w [kh, kw, C/groups, O] -> [N, Ho, Wo, O].
 
 def _conv_out(xp, size, pad, kernel, stride, dilation):
   stride = xp.maximum(stride, 1)
@@ -57,17 +62,25 @@ def _conv_shared_checks(xp, in_shapes, in_ranks, n_inputs, groups, sh, sw, dh, d
 def _conv_rule(xp, in_shapes, in_ranks, attrs, n_inputs):
   x, w = in_shapes[0], in_shapes[1]
   sh, sw, pt, pl, pb, pr, dh, dw, groups = (attrs[i] for i in range(9))
-  n, c, h, wd = x[R - 4], x[R - 3], x[R - 2], x[R - 1]
-  o, cg, kh, kw = w[R - 4], w[R - 3], w[R - 2], w[R - 1]
+  nhwc = attrs[_CONV_LAYOUT] == Layout.NHWC
+  n = x[R - 4]
+  # NCHW: x [N, C, H, W], w [O, C/g, kh, kw]; NHWC: x [N, H, W, C], w [kh, kw, C/g, O].
+  c, h, wd = (xp.where(nhwc, x[R - 1], x[R - 3]), xp.where(nhwc, x[R - 3], x[R - 2]),
+              xp.where(nhwc, x[R - 2], x[R - 1]))
+  o, cg = xp.where(nhwc, w[R - 1], w[R - 4]), xp.where(nhwc, w[R - 2], w[R - 3])
+  kh, kw = xp.where(nhwc, w[R - 4], w[R - 2]), xp.where(nhwc, w[R - 3], w[R - 1])
   ho = _conv_out(xp, h, pt + pb, kh, sh, dh)
   wo = _conv_out(xp, wd, pl + pr, kw, sw, dw)
-  out = xp.stack([xp.ones_like(n), xp.ones_like(n), n, o, ho, wo]).astype(xp.int32)
+  one = xp.ones_like(n)
+  out = xp.where(nhwc, xp.stack([one, one, n, ho, wo, o]),
+                 xp.stack([one, one, n, o, ho, wo])).astype(xp.int32)
   g = xp.maximum(groups, 1)
   checks = _conv_shared_checks(xp, in_shapes, in_ranks, n_inputs, groups, sh, sw, dh, dw, o) + [
       (xp.asarray((pt >= 0) & (pl >= 0) & (pb >= 0) & (pr >= 0)), "pads must be >= 0"),
       (xp.asarray(c == cg * g), "input channels must equal weight in-channels x groups"),
       (xp.asarray(o % g == 0), "output channels must be divisible by groups"),
       (xp.asarray((ho >= 1) & (wo >= 1)), "kernel larger than the padded input"),
+      (xp.asarray((attrs[_CONV_LAYOUT] == Layout.NCHW) | nhwc), "layout must be NCHW or NHWC"),
   ]
   return out, xp.asarray(4, xp.int32), checks
 
@@ -75,26 +88,34 @@ def _conv_rule(xp, in_shapes, in_ranks, attrs, n_inputs):
 def _conv_lower(inputs, a, out_shape, out_dtype):
   x, w = inputs[0], inputs[1]
   pt, pl, pb, pr = a["pads"]
+  nhwc = a["layout"] == Layout.NHWC
+  numbers = ("NHWC", "HWIO", "NHWC") if nhwc else ("NCHW", "OIHW", "NCHW")
   y = lax.conv_general_dilated(
       x, w.astype(x.dtype), window_strides=a["strides"], padding=((pt, pb), (pl, pr)),
-      rhs_dilation=a["dilations"], dimension_numbers=("NCHW", "OIHW", "NCHW"),
+      rhs_dilation=a["dilations"], dimension_numbers=numbers,
       feature_group_count=a["groups"], precision=precision.current())
   if len(inputs) > 2:
-    y = y + inputs[2].astype(y.dtype)[None, :, None, None]
+    bias = inputs[2].astype(y.dtype)
+    y = y + (bias if nhwc else bias[None, :, None, None])
   return apply_activation(y, a["activation"])
 
 
 def _conv_flops(xp, in_shapes, in_ranks, out_shape, attrs):
   w = in_shapes[1]
-  per_out = w[R - 3].astype(xp.float32) * w[R - 2] * w[R - 1]
+  nhwc = attrs[_CONV_LAYOUT] == Layout.NHWC
+  # C/g x kh x kw per output value: the product of the weight's dims but the output channels.
+  per_out = (w[R - 4].astype(xp.float32) * w[R - 3] * w[R - 2] * w[R - 1]
+             / xp.where(nhwc, w[R - 1], w[R - 4]).astype(xp.float32))
   return 2.0 * spec.numel(xp, out_shape) * per_out
 
 
 CONV2D = spec.register(OpSpec(
     code=Op.CONV2D, name="Conv2D", min_inputs=2, max_inputs=3,
     attrs=(AttrField("strides", 2, default=(1, 1)), AttrField("pads", 4, default=(0, 0, 0, 0)),
-           AttrField("dilations", 2, default=(1, 1)), AttrField("groups", default=1), _ACT),
+           AttrField("dilations", 2, default=(1, 1)), AttrField("groups", default=1), _ACT,
+           _LAYOUT),
     shape_rule=_conv_rule, lower=_conv_lower, flops=_conv_flops))
+assert CONV2D.attr_offsets()["layout"][0] == _CONV_LAYOUT
 
 
 # ------------------------------------------------------------------ ConvTranspose
@@ -207,7 +228,8 @@ _POOL_ATTRS = (AttrField("kernel", 2, default=(1, 1)), AttrField("strides", 2, d
                AttrField("pads", 4, default=(0, 0, 0, 0)),
                AttrField("ceil_mode", kind="bool", default=False),
                AttrField("count_include_pad", kind="bool", default=False),
-               AttrField("dilations", 2, default=(1, 1)))
+               AttrField("dilations", 2, default=(1, 1)), _LAYOUT)
+_POOL_LAYOUT = 12  # offset of a pool's layout
 
 
 def _pool_out(xp, size, pad_begin, pad_end, kernel, stride, ceil_mode):
@@ -223,12 +245,13 @@ def _pool_rule(xp, in_shapes, in_ranks, attrs, n_inputs):
   x = in_shapes[0]
   kh, kw, sh, sw, pt, pl, pb, pr, ceil = (attrs[i] for i in range(9))
   dh, dw = xp.maximum(attrs[10], 1), xp.maximum(attrs[11], 1)
-  ho = _pool_out(xp, x[R - 2], pt, pb, (kh - 1) * dh + 1, sh, ceil)
-  wo = _pool_out(xp, x[R - 1], pl, pr, (kw - 1) * dw + 1, sw, ceil)
+  hpos = xp.where(attrs[_POOL_LAYOUT] == Layout.NHWC, R - 3, R - 2)  # H, then W at hpos + 1
+  ho = _pool_out(xp, x[hpos], pt, pb, (kh - 1) * dh + 1, sh, ceil)
+  wo = _pool_out(xp, x[hpos + 1], pl, pr, (kw - 1) * dw + 1, sw, ceil)
   pos = spec.positions(xp)
-  out = xp.where(pos == R - 2, ho, xp.where(pos == R - 1, wo, x)).astype(xp.int32)
+  out = xp.where(pos == hpos, ho, xp.where(pos == hpos + 1, wo, x)).astype(xp.int32)
   checks = [
-      (xp.asarray(in_ranks[0] == 4), "input must be rank 4 (NCHW)"),
+      (xp.asarray(in_ranks[0] == 4), "input must be rank 4 (NCHW or NHWC)"),
       (xp.asarray((kh >= 1) & (kw >= 1) & (sh >= 1) & (sw >= 1)),
        "kernel and strides must be >= 1"),
       (xp.asarray((attrs[10] >= 0) & (attrs[11] >= 0)), "dilations must be >= 1"),
@@ -236,6 +259,8 @@ def _pool_rule(xp, in_shapes, in_ranks, attrs, n_inputs):
                   & (pr < (kw - 1) * dw + 1) & (pt >= 0) & (pl >= 0) & (pb >= 0) & (pr >= 0)),
        "pads must be in [0, dilated kernel)"),
       (xp.asarray((ho >= 1) & (wo >= 1)), "kernel larger than the padded input"),
+      (xp.asarray((attrs[_POOL_LAYOUT] == Layout.NCHW) | (attrs[_POOL_LAYOUT] == Layout.NHWC)),
+       "layout must be NCHW or NHWC"),
   ]
   return out, in_ranks[0], checks
 
@@ -244,43 +269,57 @@ def _dilations(a) -> tuple[int, int]:
   return tuple(max(int(d), 1) for d in a["dilations"])
 
 
+def _spatial_axes(a) -> tuple[int, int]:
+  """The H and W axes of a rank-4 tensor in the node's layout."""
+  return (1, 2) if a["layout"] == Layout.NHWC else (2, 3)
+
+
 def _pool_padding(x_shape, a, out_shape):
   """Explicit (begin, end) padding per spatial dim, plus the extra end padding of ceil mode."""
   pt, pl, pb, pr = a["pads"]
   pads, extras = [], []
   for i, (b, e) in enumerate(((pt, pb), (pl, pr))):
     k = (a["kernel"][i] - 1) * _dilations(a)[i] + 1
-    size, s, o = x_shape[2 + i], a["strides"][i], out_shape[2 + i]
+    axis = _spatial_axes(a)[i]
+    size, s, o = x_shape[axis], a["strides"][i], out_shape[axis]
     need = (o - 1) * s + k - (size + b + e)
     pads.append((b, e))
     extras.append(max(0, need))
   return pads, extras
 
 
+def _window(a, spatial: tuple[Any, Any], other: Any) -> tuple[Any, ...]:
+  """A rank-4 window argument: `spatial` on the H and W axes of the layout, `other` elsewhere."""
+  out = [other] * 4
+  for axis, value in zip(_spatial_axes(a), spatial):
+    out[axis] = value
+  return tuple(out)
+
+
 def _max_pool_lower(inputs, a, out_shape, out_dtype):
   x = inputs[0]
   pads, extras = _pool_padding(x.shape, a, out_shape)
-  padding = ((0, 0), (0, 0)) + tuple((b, e + x_) for (b, e), x_ in zip(pads, extras))
+  padding = _window(a, tuple((b, e + x_) for (b, e), x_ in zip(pads, extras)), (0, 0))
   init = -jnp.inf if jnp.issubdtype(x.dtype, jnp.floating) else jnp.iinfo(x.dtype).min
-  return lax.reduce_window(x, jnp.asarray(init, x.dtype), lax.max, (1, 1) + a["kernel"],
-                           (1, 1) + a["strides"], padding,
-                           window_dilation=(1, 1) + _dilations(a))
+  return lax.reduce_window(x, jnp.asarray(init, x.dtype), lax.max, _window(a, a["kernel"], 1),
+                           _window(a, a["strides"], 1), padding,
+                           window_dilation=_window(a, _dilations(a), 1))
 
 
 def _avg_pool_lower(inputs, a, out_shape, out_dtype):
   x = inputs[0]
   pads, extras = _pool_padding(x.shape, a, out_shape)
-  window, strides = (1, 1) + a["kernel"], (1, 1) + a["strides"]
-  padding = ((0, 0), (0, 0)) + tuple((b, e + x_) for (b, e), x_ in zip(pads, extras))
-  dil = (1, 1) + _dilations(a)
+  window, strides = _window(a, a["kernel"], 1), _window(a, a["strides"], 1)
+  padding = _window(a, tuple((b, e + x_) for (b, e), x_ in zip(pads, extras)), (0, 0))
+  dil = _window(a, _dilations(a), 1)
   total = lax.reduce_window(x, jnp.asarray(0, x.dtype), lax.add, window, strides, padding,
                             window_dilation=dil)
   # Divisor: the window's cells inside the input, plus the explicit pads if count_include_pad;
   # the extra cells that ceil mode adds never count.
-  ones = jnp.ones((1, 1) + x.shape[2:], x.dtype)
+  ones = jnp.ones(_window(a, tuple(x.shape[i] for i in _spatial_axes(a)), 1), x.dtype)
   if a["count_include_pad"]:
-    ones = jnp.pad(ones, ((0, 0), (0, 0)) + tuple(pads), constant_values=1)
-    count_pad = ((0, 0), (0, 0)) + tuple((0, x_) for x_ in extras)
+    ones = jnp.pad(ones, _window(a, tuple(pads), (0, 0)), constant_values=1)
+    count_pad = _window(a, tuple((0, x_) for x_ in extras), (0, 0))
   else:
     count_pad = padding
   count = lax.reduce_window(ones, jnp.asarray(0, x.dtype), lax.add, window, strides, count_pad,
@@ -298,20 +337,26 @@ MAX_POOL = spec.register(OpSpec(
 AVG_POOL = spec.register(OpSpec(
     code=Op.AVG_POOL, name="AvgPool", min_inputs=1, max_inputs=1, attrs=_POOL_ATTRS,
     shape_rule=_pool_rule, lower=_avg_pool_lower, flops=_pool_flops))
+assert MAX_POOL.attr_offsets()["layout"][0] == _POOL_LAYOUT
 
 
 def _global_pool_rule(xp, in_shapes, in_ranks, attrs, n_inputs):
-  del attrs, n_inputs
+  del n_inputs
   x = in_shapes[0]
-  out = xp.where(spec.positions(xp) >= R - 2, 1, x).astype(xp.int32)
-  return out, in_ranks[0], [(xp.asarray(in_ranks[0] == 4), "input must be rank 4 (NCHW)")]
+  hpos = xp.where(attrs[0] == Layout.NHWC, R - 3, R - 2)
+  pos = spec.positions(xp)
+  out = xp.where((pos == hpos) | (pos == hpos + 1), 1, x).astype(xp.int32)
+  return out, in_ranks[0], [
+      (xp.asarray(in_ranks[0] == 4), "input must be rank 4 (NCHW or NHWC)"),
+      (xp.asarray((attrs[0] == Layout.NCHW) | (attrs[0] == Layout.NHWC)),
+       "layout must be NCHW or NHWC")]
 
 
 GLOBAL_AVG_POOL = spec.register(OpSpec(
-    code=Op.GLOBAL_AVG_POOL, name="GlobalAvgPool", min_inputs=1, max_inputs=1, attrs=(),
+    code=Op.GLOBAL_AVG_POOL, name="GlobalAvgPool", min_inputs=1, max_inputs=1, attrs=(_LAYOUT,),
     shape_rule=_global_pool_rule,
     lower=lambda inputs, a, out_shape, out_dtype: jnp.mean(
-        inputs[0], axis=(2, 3), keepdims=True).astype(out_dtype),
+        inputs[0], axis=_spatial_axes(a), keepdims=True).astype(out_dtype),
     flops=lambda xp, in_shapes, in_ranks, out_shape, attrs: spec.numel(xp, in_shapes[0])))
 
 
@@ -380,27 +425,32 @@ LAYER_NORM = spec.register(OpSpec(
 
 
 def _batch_norm_rule(xp, in_shapes, in_ranks, attrs, n_inputs):
-  del attrs, n_inputs
+  del n_inputs
   x = in_shapes[0]
-  c = spec.dim(xp, x, in_ranks[0], 1)  # clamped: a rank < 2 input fails the check below
+  nhwc = attrs[1] == Layout.NHWC  # channels last instead of at axis 1
+  c = xp.where(nhwc, x[R - 1], spec.dim(xp, x, in_ranks[0], 1))  # clamped: see the rank check
   ok = xp.asarray(True)
   for i in range(1, 5):
     ok = ok & (in_ranks[i] == 1) & (in_shapes[i][R - 1] == c)
   checks = [(xp.asarray(in_ranks[0] >= 2), "input must be rank >= 2 (N, C, ...)"),
-            (xp.asarray(ok), "scale, bias, mean and var must be rank 1 of size C")]
+            (xp.asarray(ok), "scale, bias, mean and var must be rank 1 of size C"),
+            (xp.asarray((attrs[1] == Layout.NCHW) | nhwc), "layout must be NCHW or NHWC")]
   return x.astype(xp.int32), in_ranks[0], checks
 
 
 def _batch_norm_lower(inputs, a, out_shape, out_dtype):
   x, scale, bias, mean, var = inputs
-  shape = (1, -1) + (1,) * (x.ndim - 2)
+  if a["layout"] == Layout.NHWC:
+    shape = (1,) * (x.ndim - 1) + (-1,)
+  else:
+    shape = (1, -1) + (1,) * (x.ndim - 2)
   inv = scale * lax.rsqrt(var + jnp.asarray(a["epsilon"], var.dtype))
   return (x - mean.reshape(shape)) * inv.reshape(shape) + bias.reshape(shape)
 
 
 BATCH_NORM = spec.register(OpSpec(
     code=Op.BATCH_NORM, name="BatchNorm", min_inputs=5, max_inputs=5,
-    attrs=(AttrField("epsilon", kind="float", default=1e-5),),
+    attrs=(AttrField("epsilon", kind="float", default=1e-5), _LAYOUT),
     shape_rule=_batch_norm_rule, lower=_batch_norm_lower,
     flops=lambda xp, in_shapes, in_ranks, out_shape, attrs: 2.0 * spec.numel(xp, out_shape),
     elementwise=True))

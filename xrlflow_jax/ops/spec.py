@@ -82,6 +82,18 @@ class Activation(enum.IntEnum):
   GELU = 4
 
 
+class Layout(enum.IntEnum):
+  """Memory layout of a Conv2D's or pool's activations (and a Conv2D's weight).
+
+  NCHW: x [N, C, H, W], weight [O, C/groups, kh, kw] (ONNX's, and every imported graph's).
+  NHWC: x [N, H, W, C], weight [kh, kw, C/groups, O] (XLA:CPU's fast convolution layout; the
+  layout rules reach it through transposes, and a constant weight's transpose is folded when
+  the graph is lowered).
+  """
+  NCHW = 0
+  NHWC = 1
+
+
 def float_to_bits(value: float) -> int:
   """Encodes a float32 value as the int32 with the same bits (float attributes)."""
   return int(np.array(value, dtype=np.float32).view(np.int32))

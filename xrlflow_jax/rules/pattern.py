@@ -99,12 +99,17 @@ class Rule:
 
 
 class RuleBuilder:
-  """Builds a `Rule` step by step; `build()` checks that it is well formed."""
+  """Builds a `Rule` step by step; `build()` checks that it is well formed.
+
+  Unless `layout_aware` (the layout rules), source ops with a `layout` attribute (Conv2D,
+  pools) match only in the NCHW layout, the one the rule's shapes and axes are written for.
+  """
 
   def __init__(self, name: str, family: str, *, description: str = "",
                inverse: str | None = None, symmetric: bool = False,
-               example: Callable[..., Any] | None = None):
+               example: Callable[..., Any] | None = None, layout_aware: bool = False):
     self.name, self.family, self.description = name, family, description
+    self.layout_aware = layout_aware
     self.inverse, self.symmetric = inverse, symmetric
     self.example = example
     self._vars: list[Var] = []
@@ -141,6 +146,10 @@ class RuleBuilder:
 
   def build(self) -> Rule:
     conds = list(self._where)
+    if not self.layout_aware:
+      for i, src in enumerate(self._src):
+        if "layout" in ops.get(src.op).attr_offsets():
+          conds.append(lambda m, ref=Ref("src", i): m.attr(ref, "layout") == ops.Layout.NCHW)
     where = None
     if conds:
       def where(m):  # pylint: disable=function-redefined

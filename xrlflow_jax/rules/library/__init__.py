@@ -1,14 +1,15 @@
-"""The built-in rule library, by family (merge, fusion, algebra, movement)."""
+"""The built-in rule library, by family (merge, fusion, algebra, movement, layout)."""
 
 from __future__ import annotations
 
-from xrlflow_jax.rules.library import algebra, fusion, merge, movement
+from xrlflow_jax.rules.library import algebra, fusion, layout, merge, movement
 from xrlflow_jax.rules.pattern import Rule
 
 
 def builtin_rules(families: list[str] | None = None) -> list[Rule]:
   """Every built-in rule (or those of the given families), in a stable order."""
-  rules = merge.rules() + fusion.rules() + algebra.rules() + movement.rules()
+  rules = (merge.rules() + fusion.rules() + algebra.rules() + movement.rules()
+           + layout.rules())
   if families is not None:
     unknown = set(families) - {r.family for r in rules}
     if unknown:
@@ -18,4 +19,4 @@ def builtin_rules(families: list[str] | None = None) -> list[Rule]:
   return rules
 
 
-__all__ = ["algebra", "builtin_rules", "fusion", "merge", "movement"]
+__all__ = ["algebra", "builtin_rules", "fusion", "layout", "merge", "movement"]

@@ -1,0 +1,174 @@
+"""Layouts: NHWC convolutions, pools and batch norms compute the NCHW result; rules written
+for NCHW never match an NHWC op; a search with a table that measures NHWC faster carries a
+conv stack to NHWC with one transpose at each end; NHWC graphs export to valid ONNX."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from xrlflow_jax import cost, executor, search
+from xrlflow_jax import graph as G
+from xrlflow_jax.cost import kernel_table
+from xrlflow_jax.errors import ShapeError
+from xrlflow_jax.ops import Layout, Op
+from xrlflow_jax.rules import RuleSet
+from xrlflow_jax.rules.library import builtin_rules, layout as layout_rules
+
+from tests.test_kernel_table import _TableProfiler
+
+TO_NHWC, TO_NCHW, OIHW_TO_HWIO = (0, 2, 3, 1), (0, 3, 1, 2), (2, 3, 1, 0)
+
+
+def _nhwc_twin(b: G.GraphBuilder, op: Op, x_nchw: G.Tensor, weights: list[G.Tensor],
+               **attrs) -> tuple[G.Tensor, G.Tensor]:
+  """(op in NCHW, the same op in NHWC between transposes) on one input."""
+  ref = b.node(op, [x_nchw] + weights, **attrs)
+  w = list(weights)
+  if op == Op.CONV2D:
+    w[0] = b.transpose(w[0], OIHW_TO_HWIO)
+  nhwc = b.node(op, [b.transpose(x_nchw, TO_NHWC)] + w, layout=int(Layout.NHWC), **attrs)
+  return ref, b.transpose(nhwc, TO_NCHW)
+
+
+@pytest.mark.parametrize("groups, bias, strides, dilations, pads, act", [
+    (1, True, (1, 1), (1, 1), (1, 1, 1, 1), 0),
+    (2, False, (2, 1), (1, 2), (0, 1, 2, 0), 1),
+    (4, True, (1, 2), (2, 1), (2, 2, 2, 2), 2),
+])
+def test_nhwc_ops_compute_the_nchw_result(groups, bias, strides, dilations, pads, act):
+  b = G.GraphBuilder(seed=0)
+  x = b.input((2, 8, 9, 7))
+  w = [b.weight((12, 8 // groups, 3, 2))] + ([b.weight((12,), init="bias")] if bias else [])
+  y, y2 = _nhwc_twin(b, Op.CONV2D, x, w, strides=strides, dilations=dilations, pads=pads,
+                     groups=groups, activation=act)
+  outs = [y, y2]
+  pool = dict(kernel=(3, 2), strides=(2, 1), pads=(1, 0, 1, 1), dilations=dilations)
+  outs += _nhwc_twin(b, Op.MAX_POOL, y, [], ceil_mode=True, **pool)
+  outs += _nhwc_twin(b, Op.AVG_POOL, y, [], count_include_pad=bool(groups % 2), **pool)
+  outs += _nhwc_twin(b, Op.GLOBAL_AVG_POOL, y, [])
+  stats = [b.constant(np.random.default_rng(1).uniform(0.5, 1.5, 12).astype(np.float32))
+           for _ in range(4)]
+  outs += _nhwc_twin(b, Op.BATCH_NORM, y, stats, epsilon=1e-3)
+  b.output(*outs)
+  graph, params = b.build(capacity=64)
+  got = executor.run(graph, params, np.random.default_rng(0).standard_normal((2, 8, 9, 7)))
+  for ref, nhwc in zip(got[::2], got[1::2]):
+    assert ref.shape == nhwc.shape
+    np.testing.assert_allclose(nhwc, ref, rtol=1e-5, atol=1e-5)
+  # The NHWC op's own shape is channels last.
+  nd = G.to_host(graph).nodes
+  convs = np.flatnonzero(nd["alive"] & (nd["op"] == Op.CONV2D))
+  (n, c, h, w_), nhwc_shape = (tuple(nd["shape"][v][-4:]) for v in convs)
+  assert nhwc_shape == (n, h, w_, c) == (2,) + got[0].shape[2:] + (12,)
+
+
+def test_nhwc_shape_errors_name_the_layout():
+  b = G.GraphBuilder(seed=0)
+  x = b.input((1, 5, 5, 3))
+  with pytest.raises(ShapeError, match="input channels must equal"):
+    b.node(Op.CONV2D, [x, b.weight((3, 3, 2, 4))], layout=int(Layout.NHWC))  # 2 != 3 in-channels
+  with pytest.raises(ShapeError, match="layout must be NCHW or NHWC"):
+    b.node(Op.GLOBAL_AVG_POOL, [x], layout=7)
+
+
+HARNESS = RuleSet(builtin_rules(), max_locations=16)
+
+
+def _count(rule: str, graph) -> int:
+  return int(HARNESS.jit_match(graph).found[HARNESS.index(rule)])
+
+
+@pytest.mark.parametrize("nhwc", [False, True])
+def test_nchw_rules_never_match_nhwc_ops(nhwc):
+  """merge_conv_shared_input, fold_batch_norm, conv_relu_fuse and enlarge_conv_kernel read
+  OIHW weights and channel axis 1: on the NHWC twin of their pattern they must not fire."""
+  b = G.GraphBuilder(seed=0)
+  x = b.input((1, 4, 6, 6))
+  if nhwc:
+    x = b.transpose(x, TO_NHWC)
+  def conv(o, k):
+    w = b.weight((o, 4, k, k))
+    if nhwc:
+      w = b.transpose(w, OIHW_TO_HWIO)
+    return b.node(Op.CONV2D, [x, w], pads=(k // 2,) * 4, layout=int(nhwc))
+  y1, y2 = conv(5, 3), conv(3, 1)
+  stats = [b.constant(np.ones(5, np.float32)) for _ in range(4)]
+  bn = b.node(Op.BATCH_NORM, [y1] + stats, layout=int(nhwc))
+  b.output(bn, b.relu(y2))
+  graph, _ = b.build(capacity=64)
+  expected = 0 if nhwc else 1
+  assert _count("fold_batch_norm", graph) == expected
+  assert _count("conv_relu_fuse", graph) == expected
+  assert _count("enlarge_conv_kernel", graph) == expected
+  b2 = G.GraphBuilder(seed=0)
+  x = b2.input((1, 4, 6, 6))
+  if nhwc:
+    x = b2.transpose(x, TO_NHWC)
+  ws = [b2.weight((o, 4, 3, 3)) for o in (5, 6)]
+  if nhwc:
+    ws = [b2.transpose(w, OIHW_TO_HWIO) for w in ws]
+  b2.output(*[b2.node(Op.CONV2D, [x, w], pads=(1,) * 4, layout=int(nhwc)) for w in ws])
+  assert _count("merge_conv_shared_input", b2.build(capacity=64)[0]) == expected
+
+
+def _conv_stack(capacity: int = 64):
+  """conv -> relu -> maxpool -> conv(+bias) -> relu, a residual add, concat and global pool."""
+  b = G.GraphBuilder(seed=0)
+  x = b.input((1, 3, 16, 16))
+  y = b.relu(b.conv2d(x, b.weight((8, 3, 3, 3)), padding=1))
+  y = b.max_pool(y, (2, 2), (2, 2))
+  z = b.relu(b.conv2d(y, b.weight((8, 8, 3, 3)), b.weight((8,), init="bias"), padding=1))
+  z = b.add(z, y)
+  z = b.concat([z, b.conv2d(z, b.weight((4, 8, 1, 1)))], 1)
+  b.output(b.global_avg_pool(z))
+  return b.build(capacity=capacity)
+
+
+def _layout_search(graph, params, tmp_path, method="taso", budget=40):
+  names = {r.name for r in layout_rules.rules()} | {"transpose_cancel", "transpose_fuse"}
+  rs = RuleSet([r for r in builtin_rules() if r.name in names], max_locations=8)
+  # A table that measures every NHWC convolution at half its NCHW time.
+  def ms(sig):
+    nhwc = sig.op == "Conv2D" and int(sig.attrs[10]) == Layout.NHWC
+    return 0.5 if nhwc else 1.0
+  times = kernel_table.KernelTimes(_TableProfiler(tmp_path, ms))
+  ex = search.Expander(rs, cost.load_coefficients("cpu"), kernels=times)
+  found = search.optimize(graph, params, method, expander=ex,
+                          **({"max_steps": budget} if method == "greedy" else {"budget": budget}))
+  return found, rs
+
+
+def test_search_carries_a_conv_stack_to_nhwc(tmp_path):
+  graph, params = _conv_stack()
+  found, rs = _layout_search(graph, params, tmp_path)
+  nd = G.to_host(found.best_graph).nodes
+  live = np.asarray(G.live_nodes(G.to_host(found.best_graph))) & ~nd["is_constant"]
+  convs = np.flatnonzero(live & (nd["op"] == Op.CONV2D))
+  attrs = nd["attrs"]
+  assert len(convs) == 3 and all(attrs[v][10] == Layout.NHWC for v in convs)
+  # One transpose into NHWC at the input, one back before the output, and at most one pair
+  # that cancels (XLA folds transpose(transpose(x)) itself: the model sees no gain in it).
+  assert int(np.sum(live & (nd["op"] == Op.TRANSPOSE))) <= 4, [s.rule for s in found.rewrites]
+  assert any(s.rule == "transpose_cancel" for s in found.rewrites)
+  assert found.modelled_speedup > 1.5
+  x = np.random.default_rng(0).standard_normal((1, 3, 16, 16)).astype(np.float32)
+  np.testing.assert_allclose(executor.run(found.best_graph, params, x)[0],
+                             executor.run(graph, params, x)[0], rtol=1e-4, atol=1e-5)
+  replayed = search.replay(graph, rs, found.rewrites)
+  assert G.structural_hash(replayed) == G.structural_hash(found.best_graph)
+
+
+def test_nhwc_graph_exports_to_valid_onnx(tmp_path):
+  ort = pytest.importorskip("onnxruntime")
+  from xrlflow_jax import onnx_io  # pylint: disable=g-import-not-at-top
+  import onnx  # pylint: disable=g-import-not-at-top
+  graph, params = _conv_stack()
+  found, _ = _layout_search(graph, params, tmp_path, budget=12)
+  assert any(s.rule.startswith("conv_") for s in found.rewrites)
+  model = onnx_io.to_model(found.best_graph, params)
+  onnx.checker.check_model(model, full_check=True)
+  x = np.random.default_rng(0).standard_normal((1, 3, 16, 16)).astype(np.float32)
+  sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+  (got,) = sess.run(None, {sess.get_inputs()[0].name: x})
+  np.testing.assert_allclose(got, executor.run(graph, params, x)[0], rtol=1e-4, atol=1e-5)
