@@ -354,6 +354,9 @@ def test_rule_sets_by_name(monkeypatch):
   assert both == builtin + got  # order of the entries, each rule once
   merge = [r.name for r in workflow.select_rules(["family:merge_conv"])]
   assert merge and set(merge) < set(builtin)
+  lay = [r for r in workflow.select_rules(["layout"])]
+  assert {r.family for r in lay} == {"layout", "transpose"}
+  assert {"conv_to_nhwc", "transpose_cancel"} <= {r.name for r in lay} < set(builtin)
   assert [r.name for r in workflow.select_rules(["taso_5"], taso_file_path=RULE_FILE)] == ["taso_5"]
   monkeypatch.setenv(workflow.TASO_ENV, str(RULE_FILE))
   assert len(workflow.select_rules(["taso"])) == 113

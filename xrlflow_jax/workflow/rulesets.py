@@ -6,6 +6,8 @@ A selection is a list of entries; each entry is one of (and entries may be joine
 string, e.g. "builtin+taso:../shared/taso/graph_subst.pb"):
 
   "all", "builtin"    every built-in rule
+  "layout"            the layout rules (NCHW to NHWC and the transposes carried through the
+                      graph) with the transpose rules that cancel them (part of "builtin")
   "family:<name>"     the built-in rules of one family (merge_conv, merge_matmul, group_conv,
                       transpose, ...: `Rule.family`)
   "taso:<path>"       TASO's rule collection, translated from that `graph_subst.pb`
@@ -31,7 +33,8 @@ from xrlflow_jax.rules.library import builtin_rules
 from xrlflow_jax.rules.pattern import Rule
 
 TASO_ENV = "XRLFLOW_TASO_RULES"
-SETS = ("all", "builtin", "family:<name>", "taso:<path>", "taso")
+SETS = ("all", "builtin", "layout", "family:<name>", "taso:<path>", "taso")
+LAYOUT_FAMILIES = ["layout", "transpose"]
 
 
 class RuleSelectionError(UsageError):
@@ -100,6 +103,8 @@ def select_rules(names: Sequence[str], *, taso_file_path: str | os.PathLike | No
   for entry in entries:
     if entry in ("all", "builtin"):
       add(builtin)
+    elif entry == "layout":
+      add(builtin_rules(LAYOUT_FAMILIES))
     elif entry.startswith("family:"):
       try:
         add(builtin_rules([entry[len("family:"):]]))
