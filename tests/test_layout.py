@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from xrlflow_jax import cost, executor, search
+from xrlflow_jax import cost, executor, ops, search
 from xrlflow_jax import graph as G
 from xrlflow_jax.cost import kernel_table
 from xrlflow_jax.errors import ShapeError
@@ -18,6 +18,7 @@ from xrlflow_jax.rules.library import builtin_rules, layout as layout_rules
 from tests.test_kernel_table import _TableProfiler
 
 TO_NHWC, TO_NCHW, OIHW_TO_HWIO = (0, 2, 3, 1), (0, 3, 1, 2), (2, 3, 1, 0)
+CONV_LAYOUT = ops.get(Op.CONV2D).attr_offsets()["layout"][0]
 
 
 def _nhwc_twin(b: G.GraphBuilder, op: Op, x_nchw: G.Tensor, weights: list[G.Tensor],
@@ -130,7 +131,7 @@ def _layout_search(graph, params, tmp_path, method="taso", budget=40):
   rs = RuleSet([r for r in builtin_rules() if r.name in names], max_locations=8)
   # A table that measures every NHWC convolution at half its NCHW time.
   def ms(sig):
-    nhwc = sig.op == "Conv2D" and int(sig.attrs[10]) == Layout.NHWC
+    nhwc = sig.op == "Conv2D" and int(sig.attrs[CONV_LAYOUT]) == Layout.NHWC
     return 0.5 if nhwc else 1.0
   times = kernel_table.KernelTimes(_TableProfiler(tmp_path, ms))
   ex = search.Expander(rs, cost.load_coefficients("cpu"), kernels=times)
@@ -146,7 +147,7 @@ def test_search_carries_a_conv_stack_to_nhwc(tmp_path):
   live = np.asarray(G.live_nodes(G.to_host(found.best_graph))) & ~nd["is_constant"]
   convs = np.flatnonzero(live & (nd["op"] == Op.CONV2D))
   attrs = nd["attrs"]
-  assert len(convs) == 3 and all(attrs[v][10] == Layout.NHWC for v in convs)
+  assert len(convs) == 3 and all(attrs[v][CONV_LAYOUT] == Layout.NHWC for v in convs)
   # One transpose into NHWC at the input, one back before the output, and at most one pair
   # that cancels (XLA folds transpose(transpose(x)) itself: the model sees no gain in it).
   assert int(np.sum(live & (nd["op"] == Op.TRANSPOSE))) <= 4, [s.rule for s in found.rewrites]

@@ -32,12 +32,28 @@ def apply_activation(x: jax.Array, activation: int) -> jax.Array:
 
 _ACT = AttrField("activation", default=int(Activation.NONE))
 _LAYOUT = AttrField("layout", default=int(Layout.NCHW))  # `Layout`
-_CONV_LAYOUT = 10  # offset of Conv2D's layout (after strides, pads, dilations, groups, activation)
+
+
+def _offset(fields: tuple[AttrField, ...], name: str) -> int:
+  """The position of attribute `name` in the vector of `fields` (as `OpSpec.attr_offsets`)."""
+  names = [f.name for f in fields]
+  return sum(f.width for f in fields[:names.index(name)])
+
+
+def _layout_check(xp, layout) -> spec.Check:
+  return (xp.asarray((layout == Layout.NCHW) | (layout == Layout.NHWC)),
+          "layout must be NCHW or NHWC")
 
 
 # ------------------------------------------------------------------ Conv2D
 # x [N, C, H, W], w [O, C/groups, kh, kw], optional bias [O] -> [N, O, Ho, Wo]; with layout
 # NHWC: x [N, H, W, C], w [kh, kw, C/groups, O] -> [N, Ho, Wo, O].
+
+_CONV_ATTRS = (AttrField("strides", 2, default=(1, 1)), AttrField("pads", 4, default=(0, 0, 0, 0)),
+               AttrField("dilations", 2, default=(1, 1)), AttrField("groups", default=1), _ACT,
+               _LAYOUT)
+_CONV_LAYOUT = _offset(_CONV_ATTRS, "layout")
+
 
 def _conv_out(xp, size, pad, kernel, stride, dilation):
   stride = xp.maximum(stride, 1)
@@ -80,7 +96,7 @@ def _conv_rule(xp, in_shapes, in_ranks, attrs, n_inputs):
       (xp.asarray(c == cg * g), "input channels must equal weight in-channels x groups"),
       (xp.asarray(o % g == 0), "output channels must be divisible by groups"),
       (xp.asarray((ho >= 1) & (wo >= 1)), "kernel larger than the padded input"),
-      (xp.asarray((attrs[_CONV_LAYOUT] == Layout.NCHW) | nhwc), "layout must be NCHW or NHWC"),
+      _layout_check(xp, attrs[_CONV_LAYOUT]),
   ]
   return out, xp.asarray(4, xp.int32), checks
 
@@ -110,12 +126,8 @@ def _conv_flops(xp, in_shapes, in_ranks, out_shape, attrs):
 
 
 CONV2D = spec.register(OpSpec(
-    code=Op.CONV2D, name="Conv2D", min_inputs=2, max_inputs=3,
-    attrs=(AttrField("strides", 2, default=(1, 1)), AttrField("pads", 4, default=(0, 0, 0, 0)),
-           AttrField("dilations", 2, default=(1, 1)), AttrField("groups", default=1), _ACT,
-           _LAYOUT),
+    code=Op.CONV2D, name="Conv2D", min_inputs=2, max_inputs=3, attrs=_CONV_ATTRS,
     shape_rule=_conv_rule, lower=_conv_lower, flops=_conv_flops))
-assert CONV2D.attr_offsets()["layout"][0] == _CONV_LAYOUT
 
 
 # ------------------------------------------------------------------ ConvTranspose
@@ -229,7 +241,7 @@ _POOL_ATTRS = (AttrField("kernel", 2, default=(1, 1)), AttrField("strides", 2, d
                AttrField("ceil_mode", kind="bool", default=False),
                AttrField("count_include_pad", kind="bool", default=False),
                AttrField("dilations", 2, default=(1, 1)), _LAYOUT)
-_POOL_LAYOUT = 12  # offset of a pool's layout
+_POOL_LAYOUT = _offset(_POOL_ATTRS, "layout")
 
 
 def _pool_out(xp, size, pad_begin, pad_end, kernel, stride, ceil_mode):
@@ -259,8 +271,7 @@ def _pool_rule(xp, in_shapes, in_ranks, attrs, n_inputs):
                   & (pr < (kw - 1) * dw + 1) & (pt >= 0) & (pl >= 0) & (pb >= 0) & (pr >= 0)),
        "pads must be in [0, dilated kernel)"),
       (xp.asarray((ho >= 1) & (wo >= 1)), "kernel larger than the padded input"),
-      (xp.asarray((attrs[_POOL_LAYOUT] == Layout.NCHW) | (attrs[_POOL_LAYOUT] == Layout.NHWC)),
-       "layout must be NCHW or NHWC"),
+      _layout_check(xp, attrs[_POOL_LAYOUT]),
   ]
   return out, in_ranks[0], checks
 
@@ -337,19 +348,17 @@ MAX_POOL = spec.register(OpSpec(
 AVG_POOL = spec.register(OpSpec(
     code=Op.AVG_POOL, name="AvgPool", min_inputs=1, max_inputs=1, attrs=_POOL_ATTRS,
     shape_rule=_pool_rule, lower=_avg_pool_lower, flops=_pool_flops))
-assert MAX_POOL.attr_offsets()["layout"][0] == _POOL_LAYOUT
 
 
 def _global_pool_rule(xp, in_shapes, in_ranks, attrs, n_inputs):
   del n_inputs
   x = in_shapes[0]
-  hpos = xp.where(attrs[0] == Layout.NHWC, R - 3, R - 2)
+  hpos = xp.where(attrs[0] == Layout.NHWC, R - 3, R - 2)  # attrs: (layout,)
   pos = spec.positions(xp)
   out = xp.where((pos == hpos) | (pos == hpos + 1), 1, x).astype(xp.int32)
   return out, in_ranks[0], [
       (xp.asarray(in_ranks[0] == 4), "input must be rank 4 (NCHW or NHWC)"),
-      (xp.asarray((attrs[0] == Layout.NCHW) | (attrs[0] == Layout.NHWC)),
-       "layout must be NCHW or NHWC")]
+      _layout_check(xp, attrs[0])]
 
 
 GLOBAL_AVG_POOL = spec.register(OpSpec(
@@ -424,17 +433,21 @@ LAYER_NORM = spec.register(OpSpec(
     flops=lambda xp, in_shapes, in_ranks, out_shape, attrs: 8.0 * spec.numel(xp, out_shape)))
 
 
+_BN_ATTRS = (AttrField("epsilon", kind="float", default=1e-5), _LAYOUT)
+_BN_LAYOUT = _offset(_BN_ATTRS, "layout")
+
+
 def _batch_norm_rule(xp, in_shapes, in_ranks, attrs, n_inputs):
   del n_inputs
   x = in_shapes[0]
-  nhwc = attrs[1] == Layout.NHWC  # channels last instead of at axis 1
+  nhwc = attrs[_BN_LAYOUT] == Layout.NHWC  # channels last instead of at axis 1
   c = xp.where(nhwc, x[R - 1], spec.dim(xp, x, in_ranks[0], 1))  # clamped: see the rank check
   ok = xp.asarray(True)
   for i in range(1, 5):
     ok = ok & (in_ranks[i] == 1) & (in_shapes[i][R - 1] == c)
   checks = [(xp.asarray(in_ranks[0] >= 2), "input must be rank >= 2 (N, C, ...)"),
             (xp.asarray(ok), "scale, bias, mean and var must be rank 1 of size C"),
-            (xp.asarray((attrs[1] == Layout.NCHW) | nhwc), "layout must be NCHW or NHWC")]
+            _layout_check(xp, attrs[_BN_LAYOUT])]
   return x.astype(xp.int32), in_ranks[0], checks
 
 
@@ -450,8 +463,7 @@ def _batch_norm_lower(inputs, a, out_shape, out_dtype):
 
 BATCH_NORM = spec.register(OpSpec(
     code=Op.BATCH_NORM, name="BatchNorm", min_inputs=5, max_inputs=5,
-    attrs=(AttrField("epsilon", kind="float", default=1e-5), _LAYOUT),
-    shape_rule=_batch_norm_rule, lower=_batch_norm_lower,
+    attrs=_BN_ATTRS, shape_rule=_batch_norm_rule, lower=_batch_norm_lower,
     flops=lambda xp, in_shapes, in_ranks, out_shape, attrs: 2.0 * spec.numel(xp, out_shape),
     elementwise=True))
 
