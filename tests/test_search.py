@@ -154,14 +154,15 @@ def test_bucketed_expansion_equals_each_candidate_alone_on_a_zoo_model(monkeypat
     assert ok == bool(children.ok[i]) == bool(valid[a])
     if ok:
       assert costs[a] == pytest.approx(float(full_cost(alone)), rel=1e-6)
-      assert G.structural_hash(children.graph(i)) == G.structural_hash(alone)
-      # The child rebuilt from its recorded changes is the graph `apply_at` makes, field by field.
-      jax.tree_util.tree_map(np.testing.assert_array_equal, children.graph(i),
+      # The child rebuilt from its parent is the graph `apply_at` makes, field by field.
+      built, built_ids = children.child(i)
+      jax.tree_util.tree_map(np.testing.assert_array_equal, built,
                              jax.tree_util.tree_map(np.asarray, alone))
-      # The bucket's identities (computed on the new slots only) equal the formula over all N.
-      np.testing.assert_array_equal(children.ids[i],
+      # Its identities (computed on the new slots only) equal the formula over all N, and the
+      # bucket's hash (from the parent's row terms) is the hash of the graph built alone.
+      np.testing.assert_array_equal(built_ids,
                                     _child_identities_over_all_slots(graph, ids, alone, rs.max_new))
-      assert children.hashes[i] == ex.graph_hash(alone, children.ids[i])
+      assert children.hashes[i] == ex.graph_hash(alone, built_ids)
 
 
 def _child_identities_over_all_slots(parent, parent_ids, child, max_new):
@@ -192,7 +193,7 @@ def test_identity_hash_sees_commuted_graphs_as_one():
   assert len(set(kids.hashes) | {h0}) == 4  # three different one-step graphs
   # Commute the same Add back: the input graph again.
   s0 = G.structural_hash(graph)
-  _, grand = ex.expand(kids.graph(0), kids.ids[0])
+  _, grand = ex.expand(*kids.child(0))
   back = [i for i in range(len(grand.actions)) if G.structural_hash(grand.graph(i)) == s0]
   assert len(back) == 1 and grand.hashes[back[0]] == h0
   # Two Adds commuted in either order: one graph. Where neither Add reads the other, one hash.
@@ -201,7 +202,7 @@ def test_identity_hash_sees_commuted_graphs_as_one():
   # hashes, so the search expands that graph twice. Distinct graphs never share a hash.
   by_structure: dict[str, set[int]] = {}
   for i in range(len(kids.actions)):
-    _, g2 = ex.expand(kids.graph(i), kids.ids[i])
+    _, g2 = ex.expand(*kids.child(i))
     for j in range(len(g2.actions)):
       by_structure.setdefault(G.structural_hash(g2.graph(j)), set()).add(g2.hashes[j])
   assert len(by_structure) == 4  # the input and the three graphs with two Adds commuted

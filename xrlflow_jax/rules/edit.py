@@ -215,12 +215,6 @@ def _relax_levels(nodes: dict, table: jax.Array) -> tuple[dict, jax.Array]:
   return {**nodes, "level": level}, ~changing
 
 
-# Node fields `apply_edit` writes only on the slots it claims for new nodes; the others
-# (aliveness, constness, output roles, levels) and the edges may change on any slot. Callers
-# that keep a child as changes to its parent rely on this (`search.Children`).
-NEW_SLOT_FIELDS = ("op", "attrs", "shape", "rank", "dtype", "input_index", "param_id")
-
-
 def apply_edit(graph: layout.Graph, edit: Edit) -> tuple[layout.Graph, jax.Array]:
   """Applies `edit`; returns (new graph, applied). When not applicable the graph is unchanged.
 

@@ -50,16 +50,22 @@ def taso(graph: layout.Graph, params: ParamStore, expander: Expander, *, budget:
   first = expander.expand(g0, ids0)
   cost0 = float(first[0].current)
   tie = itertools.count()
-  queue: list[tuple[float, int, Any, Any, tuple[RewriteStep, ...]]] = [
-      (cost0, next(tie), g0, ids0, ())]
+  # Queue entries: (cost, tie, graph or None, its identities or its Children, its bucket
+  # position or None, its steps). A pushed child stays unbuilt (Children, position) until
+  # popped: most pushed graphs are never expanded.
+  queue: list[tuple[float, int, Any, Any, Any, tuple[RewriteStep, ...]]] = [
+      (cost0, next(tie), g0, ids0, None, ())]
   seen = {expander.graph_hash(g0, ids0)}
-  best_g, best_cost, best_steps = g0, cost0, ()
+  best_cost, best_entry = cost0, queue[0]
   expanded = costed = 0
   num_l = expander.max_locations
   while queue and expanded < budget:
-    cost, _, g, ids, steps = heapq.heappop(queue)
+    entry = heapq.heappop(queue)
+    cost, _, g, ids, i, steps = entry
     if cost > alpha * best_cost:
       continue  # pushed before the best improved: outside the window now (TASO drops these)
+    if g is None:
+      g, ids = ids.child(i)
     exp, children = first if expanded == 0 else expander.expand(g, ids)
     valid, costs = np.asarray(exp.valid), np.asarray(exp.cost)
     expanded += 1
@@ -69,24 +75,37 @@ def taso(graph: layout.Graph, params: ParamStore, expander: Expander, *, budget:
     if max_children is not None:
       order = order[:max_children]
     nodes_all = np.asarray(exp.nodes)
-    for a in order:
+    for a in order.tolist():
       c = float(costs[a])
       if not c < alpha * best_cost:
         break
-      r, loc = divmod(int(a), num_l)
-      child = expander.new_child(children, int(a), nodes_all[r, loc], seen)
-      if child is None:
+      j = children.fresh(a, seen)
+      if j is None:
         continue
-      g2, ids2, child_steps = child[0], child[1], steps + (child[2],)
+      r, loc = divmod(a, num_l)
+      child = (c, next(tie), None, children, j,
+               steps + (expander.step(r, loc, nodes_all[r, loc]),))
       if improves(c, best_cost):
-        best_g, best_cost, best_steps = g2, c, child_steps
-      heapq.heappush(queue, (c, next(tie), g2, ids2, child_steps))
+        best_cost, best_entry = c, child
+      heapq.heappush(queue, child)
     if len(queue) > max_queue:
-      queue = heapq.nsmallest(max_queue, queue)
-      heapq.heapify(queue)
+      queue = _cheapest(queue, max_queue)
+  _, _, best_g, best_ids, best_i, best_steps = best_entry
+  if best_g is None:
+    best_g = best_ids.child(best_i)[0]
   return guard.finish("taso", g0, best_g, list(best_steps), params, initial_cost=cost0,
                       best_cost=best_cost, measure=measure, started=started,
                       graphs_expanded=expanded, candidates_costed=costed,
                       options={"budget": budget, "alpha": alpha, "max_children": max_children,
                                "max_queue": max_queue, "graphs_seen": len(seen)},
                       measure_options=measure_options)
+
+
+def _cheapest(queue: list[tuple], k: int) -> list[tuple]:
+  """The k smallest entries of a heap of (cost, tie, ...) tuples (ties unique), as a heap:
+  the same entries as `heapq.nsmallest(k, queue)`, selected with numpy."""
+  costs = np.fromiter((e[0] for e in queue), np.float64, len(queue))
+  ties = np.fromiter((e[1] for e in queue), np.int64, len(queue))
+  keep = np.lexsort((ties, costs))[:k]
+  kept = [queue[i] for i in keep.tolist()]  # sorted ascending: already a heap
+  return kept

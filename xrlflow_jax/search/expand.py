@@ -4,7 +4,7 @@ steps, replay)."""
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import dataclasses
 import time
@@ -42,58 +42,65 @@ class Expansion:
   current: jax.Array
 
 
-_NEW_SLOT_FIELDS = edit_lib.NEW_SLOT_FIELDS
-_ANY_SLOT_FIELDS = tuple(f for f in layout.NODE_FIELDS if f not in _NEW_SLOT_FIELDS)
-
-
 @dataclasses.dataclass(frozen=True)
 class Children:
-  """The candidate graphs of one expansion, built by the call that costed them (host arrays),
-  kept as changes to the parent: the fields an edit writes only on its new slots are stored for
-  those (at most M = `RuleSet.max_new`) slots, the rest in full. `graph(i)` rebuilds one.
+  """The candidates of one expansion, costed and hashed by the call that built them, kept
+  unbuilt: `child(i)` rebuilds candidate `i` from its parent on demand (one small jitted call,
+  the same edit the bucket applied), so a search pays host work only for the children it pops,
+  not for the hundreds it pushes.
 
   Attributes:
     actions: int32[C], the flat actions of the C matched candidates, in bucket order.
     ok: bool[C], the rewrite applied (shape rules, capacity, no cycle).
-    parent: the expanded graph (host arrays, capacity N).
-    new_slots: int32[B, M], each candidate's new slots (N where unused; B >= C, the bucket).
-    new_fields: {field: [B, M, ...]}, the `_NEW_SLOT_FIELDS` of those slots.
-    any_fields: {field: [B, N]}, the `_ANY_SLOT_FIELDS` of every slot.
-    senders, edge_valid: int32[B, N * K], bool[B, N * K], the edges.
-    ids: uint32[B, N, 2], their node identities (`graph.identity`).
+    nodes: int32[C, P], each candidate's bound nodes (`RuleSet.match`).
     hashes: list[int] (length C), their graph hashes (`identity.graph_hash`).
+    parent: the expanded graph (host arrays, capacity N); parent_ids: uint32[N, 2], its node
+      identities.
+    build: (parent, parent_ids, rule, nodes) -> (child graph, its identities uint32[N, 2]).
+    num_locations: L (action = rule * L + location).
   """
   actions: np.ndarray
   ok: np.ndarray
-  parent: layout.Graph
-  new_slots: np.ndarray
-  new_fields: dict[str, np.ndarray]
-  any_fields: dict[str, np.ndarray]
-  senders: np.ndarray
-  edge_valid: np.ndarray
-  ids: np.ndarray
+  nodes: np.ndarray
   hashes: list[int]
+  parent: layout.Graph
+  parent_ids: np.ndarray
+  build: Callable[..., tuple[layout.Graph, np.ndarray]]
+  num_locations: int
+  position: dict[int, int] = dataclasses.field(init=False, repr=False)
+
+  def __post_init__(self):
+    object.__setattr__(self, "position",
+                       {int(a): i for i, a in enumerate(self.actions.tolist())})
 
   def index(self, action: int) -> int:
     """The bucket position of flat `action` (ValueError if it was not a candidate)."""
-    hits = np.flatnonzero(self.actions == action)
-    if not hits.size:
+    i = self.position.get(int(action))
+    if i is None:
       raise ValueError(f"action {action} is not a candidate of this expansion")
-    return int(hits[0])
+    return i
+
+  def child(self, i: int) -> tuple[layout.Graph, np.ndarray]:
+    """Candidate `i` (bucket position): (unbatched host graph, its node identities)."""
+    rule = int(self.actions[i]) // self.num_locations
+    return self.build(self.parent, self.parent_ids, np.int32(rule), self.nodes[i])
 
   def graph(self, i: int) -> layout.Graph:
-    """Candidate `i` (bucket position) as an unbatched host graph (copies: a view would keep
-    the whole bucket alive as long as a search queue holds the child)."""
-    slots = self.new_slots[i]
-    used = slots < len(self.parent.nodes["op"])
-    nodes = {}
-    for f in _NEW_SLOT_FIELDS:
-      nodes[f] = np.array(self.parent.nodes[f])
-      nodes[f][slots[used]] = self.new_fields[f][i][used]
-    for f in _ANY_SLOT_FIELDS:
-      nodes[f] = np.array(self.any_fields[f][i])
-    return self.parent._replace(nodes=nodes, senders=np.array(self.senders[i]),
-                                edges={**self.parent.edges, "valid": np.array(self.edge_valid[i])})
+    """Candidate `i` as an unbatched host graph."""
+    return self.child(i)[0]
+
+  def identities(self, i: int) -> np.ndarray:
+    """uint32[N, 2]: candidate `i`'s node identities (`graph.identity`)."""
+    return self.child(i)[1]
+
+  def fresh(self, action: int, seen: set) -> int | None:
+    """The bucket position of candidate `action` when its edit applied and its identity hash
+    is not in `seen` (then added), else None."""
+    i = self.index(action)
+    if not self.ok[i] or self.hashes[i] in seen:
+      return None
+    seen.add(self.hashes[i])
+    return i
 
 
 # A graph is better only if cheaper by this relative margin: candidates costed inside one jitted
@@ -190,9 +197,10 @@ class Expander:
     self.coeffs = coeffs
     self.kernels = kernels
     self.trace_counts: dict[str, int] = {"costs": 0, "apply_at": 0, "cost": 0,
-                                         "match": 0, "identities": 0}
+                                         "match": 0, "identities": 0, "child": 0}
     self._bucket = jax.jit(self._bucket_impl, static_argnames=("size",))
     self._apply_at = jax.jit(self._apply_at_impl)
+    self._child = jax.jit(self._child_impl)
     self._cost = jax.jit(self._cost_impl)
     self._match = jax.jit(self._match_impl)
     self._identities = jax.jit(self._identities_impl)
@@ -270,22 +278,29 @@ class Expander:
                                                          kernels=table)
         exact = jnp.asarray(True)
       child_ids = identity.child_identities(graph, ids, new, rs.max_new)
-      slots = layout.new_slots(graph, new, rs.max_new)
-      safe = jnp.minimum(slots, n - 1)
-      delta = (slots, {f: new.nodes[f][safe] for f in _NEW_SLOT_FIELDS},
-               {f: new.nodes[f] for f in _ANY_SLOT_FIELDS}, new.senders, new.edges["valid"])
       h, hashed = identity.child_graph_hash(graph, parent_rows, new, child_ids)
-      return delta, ok, cost, exact & ~missing, child_ids, h, hashed, missing
+      return ok, cost, exact & ~missing, h, hashed, missing
 
-    children, ok, c, exact, child_ids, hashes, hashed, missing = jax.vmap(one)(rule, nodes,
-                                                                                used)
+    ok, c, exact, hashes, hashed, missing = jax.vmap(one)(rule, nodes, used)
     ok = ok & used
     slot = jnp.where(used, idx, a)  # unused bucket slots scatter nowhere
     valid = jnp.zeros([a], bool).at[slot].set(ok, mode="drop")
     cost = jnp.full([a], jnp.inf, jnp.float32).at[slot].set(
         jnp.where(ok, c.astype(jnp.float32), jnp.inf), mode="drop")
-    return (valid, cost, idx.astype(jnp.int32), ok, exact | ~ok, children, child_ids, hashes,
-            hashed | ~ok, missing & ok)
+    return (valid, cost, idx.astype(jnp.int32), nodes, ok, exact | ~ok, hashes, hashed | ~ok,
+            missing & ok)
+
+  def _child_impl(self, parent: layout.Graph, parent_ids: jax.Array, rule: jax.Array,
+                  nodes: jax.Array) -> tuple[layout.Graph, jax.Array]:
+    self.trace_counts["child"] += 1
+    child, _ = self.ruleset.apply(parent, rule, nodes)
+    return child, identity.child_identities(parent, parent_ids, child, self.ruleset.max_new)
+
+  def _build_child(self, parent: layout.Graph, parent_ids: np.ndarray, rule: np.int32,
+                   nodes: np.ndarray) -> tuple[layout.Graph, np.ndarray]:
+    """`Children.build`: a candidate rebuilt on the host from its parent."""
+    child, ids = self._call(self._child, parent, parent_ids, rule, nodes)
+    return layout.to_host(child), np.asarray(ids)
 
   def _apply_at_impl(self, graph: layout.Graph, rule: jax.Array,
                      nodes: jax.Array) -> tuple[layout.Graph, jax.Array]:
@@ -329,19 +344,17 @@ class Expander:
       current = self._call(self._cost, graph, table)[0].astype(jnp.float32)
     count = int(count)
     size = bucket_size(count, self.num_actions)
-    valid, cost, idx, ok, exact, delta, child_ids, hashes, hashed, missing = self._call(
+    valid, cost, idx, nodes, ok, exact, hashes, hashed, missing = self._call(
         self._bucket, graph, ids, match, table, size=size)
     self.stats.candidates.append(count)
     self.stats.buckets.add(size)
-    slots, new_fields, any_fields, senders, edge_valid = jax.tree_util.tree_map(np.asarray,
-                                                                                delta)
     children = Children(actions=np.asarray(idx)[:count], ok=np.asarray(ok)[:count],
-                        parent=layout.to_host(graph), new_slots=slots, new_fields=new_fields,
-                        any_fields=any_fields, senders=senders, edge_valid=edge_valid,
-                        ids=np.asarray(child_ids),
-                        hashes=identity.as_ints(np.asarray(hashes)[:count]))
+                        nodes=np.asarray(nodes)[:count],
+                        hashes=identity.as_ints(np.asarray(hashes)[:count]),
+                        parent=layout.to_host(graph), parent_ids=np.asarray(ids),
+                        build=self._build_child, num_locations=self.max_locations)
     for i in np.flatnonzero(~np.asarray(hashed)[:count]):  # too many changed rows
-      children.hashes[i] = self.graph_hash(children.graph(int(i)), children.ids[i])
+      children.hashes[i] = self.graph_hash(*children.child(int(i)))
       self.stats.rehashed += 1
     inexact = np.flatnonzero(~np.asarray(exact)[:count])
     if inexact.size:  # costed again alone: too many changed slots, or a kernel not measured
@@ -413,15 +426,11 @@ class Expander:
                 seen: set) -> tuple[layout.Graph, np.ndarray, RewriteStep] | None:
     """(host graph, its node identities, step) of candidate `action` of an expansion, or None
     when its edit was refused or its identity hash is in `seen` (it is added)."""
-    i = children.index(int(action))
-    if not children.ok[i]:
+    i = children.fresh(action, seen)
+    if i is None:
       return None
-    h = children.hashes[i]
-    if h in seen:
-      return None
-    seen.add(h)
     r, loc = divmod(int(action), self.max_locations)
-    return children.graph(i), np.array(children.ids[i]), self.step(r, loc, nodes)
+    return (*children.child(i), self.step(r, loc, nodes))
 
   def apply_step(self, graph: layout.Graph, step: RewriteStep) -> layout.Graph:
     """Applies a recorded step; SearchError if it no longer applies."""
