@@ -24,8 +24,8 @@ Final API (stable; the optimise job in `xrlflow_jax/optimize/` and the experimen
   Expander(ruleset, coeffs): jitted, compiled once per (ruleset, capacity, bucket size):
     costs(graph) -> Expansion(valid bool[A], cost float32[A], nodes int32[R, L, P]),
       A = R * L, action = rule * L + location
-    expand(graph, ids=None) -> (Expansion, Children: the candidate graphs, their node
-      identities and identity hashes); identities(graph) -> uint32[N, 2]
+    expand(graph, ids=None) -> (Expansion, Children: the candidates' identity hashes, each
+      rebuilt on demand with `child(i)` -> (graph, node identities)); identities(graph)
     apply(graph, action) -> graph;  apply_at(graph, rule, nodes) -> (graph, applied)
     cost(graph) -> float32[]
   replay(graph, ruleset, rewrites) -> graph      (re-applies a SearchResult's rewrites)

@@ -163,7 +163,7 @@ def bucket_size(count: int, num_actions: int) -> int:
 
 
 class Expander:
-  """Costs every candidate of a graph, and builds them, in one compiled call per expansion.
+  """Costs and hashes every candidate of a graph in one compiled call per expansion.
 
   An expansion matches every rule (`RuleSet.match`, one jitted call), counts the valid
   (rule, location) pairs on the host, and hands them, compacted into a bucket of
@@ -325,7 +325,7 @@ class Expander:
 
   def expand(self, graph: layout.Graph,
              ids: Any | None = None) -> tuple[Expansion, Children]:
-    """Every candidate of `graph`, costed and built: (Expansion, Children).
+    """Every candidate of `graph`, costed and hashed: (Expansion, Children).
 
     Two jitted calls: the match (with the graph's own cost and the number C of valid
     (rule, location) pairs), then one call over a bucket of `bucket_size(C)` slots.
