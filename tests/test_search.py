@@ -469,3 +469,19 @@ def test_identity_cache_holds_objects_and_evicts_the_least_recently_used():
   assert cache.get((b,), lambda: make(4)) == 4  # b was evicted: rebuilt
   with pytest.raises(ValueError, match="maxsize"):
     IdentityCache(0)
+
+
+def test_queue_trim_keeps_what_heapq_nsmallest_keeps():
+  """The search's queue trim (numpy) keeps exactly `heapq.nsmallest`'s entries, ties in cost
+  broken by the push counter, and returns a valid heap."""
+  import heapq  # pylint: disable=g-import-not-at-top
+  from xrlflow_jax.search import backtracking  # pylint: disable=g-import-not-at-top
+  rng = np.random.default_rng(0)
+  costs = rng.integers(0, 20, size=500).astype(float) / 4  # many equal costs
+  queue = [(float(c), i, None, None, i, ()) for i, c in enumerate(costs)]
+  heapq.heapify(queue)
+  for k in (1, 37, 250, 499):
+    kept = backtracking._cheapest(list(queue), k)  # pylint: disable=protected-access
+    assert kept == heapq.nsmallest(k, queue)
+    expected = sorted(kept)
+    assert [heapq.heappop(kept) for _ in range(k)] == expected
