@@ -353,10 +353,12 @@ def test_cli_profile(tmp_path, capsys):
 
 
 def test_measure_side_by_side_ratios():
-  # Variants share the reference's weights; a copy of the reference measures close to 1.
+  # Variants share the reference's weights; a copy of the reference measures near 1. The bound
+  # is a sanity check (a units or inverted-ratio bug), not a timing claim: on a loaded 2-core CI
+  # machine a 16-wide MLP's copy measured 2.2x once (the A/A benchmark measures the spread).
   small, params, _ = _mlp(hidden=16)
-  res = measure.measure_side_by_side(small, [small], params, rounds=3, min_round_ms=2.0)
-  assert res.ratio.shape == (1,) and 0.5 < res.ratio[0] < 2.0 and res.reference_ms > 0
+  res = measure.measure_side_by_side(small, [small], params, rounds=5, min_round_ms=2.0)
+  assert res.ratio.shape == (1,) and 0.2 < res.ratio[0] < 5.0 and res.reference_ms > 0
   assert res.latency_ms[0] == pytest.approx(res.ratio[0] * res.reference_ms)
 
 
