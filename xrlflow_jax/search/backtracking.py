@@ -107,5 +107,4 @@ def _cheapest(queue: list[tuple], k: int) -> list[tuple]:
   costs = np.fromiter((e[0] for e in queue), np.float64, len(queue))
   ties = np.fromiter((e[1] for e in queue), np.int64, len(queue))
   keep = np.lexsort((ties, costs))[:k]
-  kept = [queue[i] for i in keep.tolist()]  # sorted ascending: already a heap
-  return kept
+  return [queue[i] for i in keep.tolist()]  # sorted ascending: already a heap

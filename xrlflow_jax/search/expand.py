@@ -83,15 +83,11 @@ class Children:
   def child(self, i: int) -> tuple[layout.Graph, np.ndarray]:
     """Candidate `i` (bucket position): (unbatched host graph, its node identities)."""
     rule = int(self.actions[i]) // self.num_locations
-    return self.build(self.parent, self.parent_ids, np.int32(rule), self.nodes[i])
+    return self.build(self.parent, self.parent_ids, rule, self.nodes[i])
 
   def graph(self, i: int) -> layout.Graph:
     """Candidate `i` as an unbatched host graph."""
     return self.child(i)[0]
-
-  def identities(self, i: int) -> np.ndarray:
-    """uint32[N, 2]: candidate `i`'s node identities (`graph.identity`)."""
-    return self.child(i)[1]
 
   def fresh(self, action: int, seen: set) -> int | None:
     """The bucket position of candidate `action` when its edit applied and its identity hash
@@ -197,10 +193,9 @@ class Expander:
     self.coeffs = coeffs
     self.kernels = kernels
     self.trace_counts: dict[str, int] = {"costs": 0, "apply_at": 0, "cost": 0,
-                                         "match": 0, "identities": 0, "child": 0}
+                                         "match": 0, "identities": 0}
     self._bucket = jax.jit(self._bucket_impl, static_argnames=("size",))
     self._apply_at = jax.jit(self._apply_at_impl)
-    self._child = jax.jit(self._child_impl)
     self._cost = jax.jit(self._cost_impl)
     self._match = jax.jit(self._match_impl)
     self._identities = jax.jit(self._identities_impl)
@@ -287,25 +282,22 @@ class Expander:
     valid = jnp.zeros([a], bool).at[slot].set(ok, mode="drop")
     cost = jnp.full([a], jnp.inf, jnp.float32).at[slot].set(
         jnp.where(ok, c.astype(jnp.float32), jnp.inf), mode="drop")
-    return (valid, cost, idx.astype(jnp.int32), nodes, ok, exact | ~ok, hashes, hashed | ~ok,
+    return (valid, cost, idx.astype(jnp.int32), ok, exact | ~ok, hashes, hashed | ~ok,
             missing & ok)
 
-  def _child_impl(self, parent: layout.Graph, parent_ids: jax.Array, rule: jax.Array,
-                  nodes: jax.Array) -> tuple[layout.Graph, jax.Array]:
-    self.trace_counts["child"] += 1
-    child, _ = self.ruleset.apply(parent, rule, nodes)
-    return child, identity.child_identities(parent, parent_ids, child, self.ruleset.max_new)
+  def _apply_at_impl(self, graph: layout.Graph, ids: jax.Array, rule: jax.Array,
+                     nodes: jax.Array) -> tuple[layout.Graph, jax.Array, jax.Array]:
+    """(child, applied, child identities): one compiled edit serves `apply_at`, replays and
+    the children a search rebuilds (`Children.child`)."""
+    self.trace_counts["apply_at"] += 1
+    child, ok = self.ruleset.apply(graph, rule, nodes)
+    return child, ok, identity.child_identities(graph, ids, child, self.ruleset.max_new)
 
-  def _build_child(self, parent: layout.Graph, parent_ids: np.ndarray, rule: np.int32,
+  def _build_child(self, parent: layout.Graph, parent_ids: np.ndarray, rule: int,
                    nodes: np.ndarray) -> tuple[layout.Graph, np.ndarray]:
     """`Children.build`: a candidate rebuilt on the host from its parent."""
-    child, ids = self._call(self._child, parent, parent_ids, rule, nodes)
+    child, _, ids = self._call(self._apply_at, parent, parent_ids, np.int32(rule), nodes)
     return layout.to_host(child), np.asarray(ids)
-
-  def _apply_at_impl(self, graph: layout.Graph, rule: jax.Array,
-                     nodes: jax.Array) -> tuple[layout.Graph, jax.Array]:
-    self.trace_counts["apply_at"] += 1
-    return self.ruleset.apply(graph, rule, nodes)
 
   # ------------------------------------------------------------------ public
   def costs(self, graph: layout.Graph) -> Expansion:
@@ -344,12 +336,13 @@ class Expander:
       current = self._call(self._cost, graph, table)[0].astype(jnp.float32)
     count = int(count)
     size = bucket_size(count, self.num_actions)
-    valid, cost, idx, nodes, ok, exact, hashes, hashed, missing = self._call(
+    valid, cost, idx, ok, exact, hashes, hashed, missing = self._call(
         self._bucket, graph, ids, match, table, size=size)
     self.stats.candidates.append(count)
     self.stats.buckets.add(size)
-    children = Children(actions=np.asarray(idx)[:count], ok=np.asarray(ok)[:count],
-                        nodes=np.asarray(nodes)[:count],
+    actions = np.asarray(idx)[:count]
+    children = Children(actions=actions, ok=np.asarray(ok)[:count],
+                        nodes=np.asarray(match.nodes).reshape(self.num_actions, -1)[actions],
                         hashes=identity.as_ints(np.asarray(hashes)[:count]),
                         parent=layout.to_host(graph), parent_ids=np.asarray(ids),
                         build=self._build_child, num_locations=self.max_locations)
@@ -389,7 +382,8 @@ class Expander:
     p = self.ruleset.num_bound
     if nodes.shape[0] < p:
       nodes = np.concatenate([nodes, np.full([p - nodes.shape[0]], -1, np.int32)])
-    new, ok = self._call(self._apply_at, graph, np.int32(rule), nodes)
+    no_ids = np.zeros([layout.capacity(graph), identity.LANES], np.uint32)
+    new, ok, _ = self._call(self._apply_at, graph, no_ids, np.int32(rule), nodes)
     return new, bool(ok)
 
   def cost(self, graph: layout.Graph) -> float:
