@@ -64,6 +64,9 @@ _LOCATIONS = flags.DEFINE_integer("max_locations", 16, "Locations kept per rule.
 _CAPACITY = flags.DEFINE_integer("capacity", 0, "Node slots of every graph (<= 0: the largest "
                                  "workflow.fitted_capacity of the models).")
 _TIMESTEPS = flags.DEFINE_integer("train_timesteps", 16 * 32 * 100, "PPO environment steps.")
+_TRAIN_MINUTES = flags.DEFINE_float("train_minutes", 0.0, "Wall-clock budget of training, "
+                                    "compile included: it stops after the first chunk of "
+                                    "updates that ends past it (0: --train_timesteps in full).")
 _HORIZON = flags.DEFINE_integer("horizon", 50, "Episode length (training and evaluation).")
 _SAMPLES = flags.DEFINE_integer("samples", 8, "K of ppo-best-of-K.")
 _GREEDY_STEPS = flags.DEFINE_integer("greedy_steps", 100, "greedy: max rewrites.")
@@ -183,7 +186,8 @@ def main(argv: list[str]) -> None:
   print(header, flush=True)
   policy = B.train_ppo([s.label for s in train_specs], [g for g, _ in train_loaded],
                        [p for _, p in train_loaded], ppo_config(), coeffs, ruleset,
-                       log=lambda s: print(s, flush=True))
+                       log=lambda s: print(s, flush=True),
+                       max_seconds=_TRAIN_MINUTES.value * 60 or None)
   B.write_csv([{"update": i + 1, **{k: float(v[i]) for k, v in policy.metrics.items()}}
                for i in range(len(policy.metrics["env_steps"]))], out_dir / "training.csv")
   rows: list[dict[str, Any]] = []

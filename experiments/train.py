@@ -29,7 +29,7 @@ from ml_collections import config_flags
 
 from xrlflow_jax import compilation_cache, measure
 from xrlflow_jax import graph as G
-from xrlflow_jax.agents import METRICS, checkpoint, runs, summaries
+from xrlflow_jax.agents import METRICS, checkpoint, ppo, runs, summaries
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", str(Path(__file__).resolve().parent / "configs" / "ppo.py") + ":test",
@@ -42,12 +42,6 @@ _CACHE = flags.DEFINE_string("compilation_cache", "",
                              "JAX's persistent compilation cache directory (default: "
                              "$XRLFLOW_COMPILATION_CACHE, else ~/.cache/xrlflow_jax/xla); 'off' "
                              "to compile afresh.")
-
-
-def _chunk_size(num_updates: int, wanted: int) -> int:
-  """The largest divisor of num_updates that is <= wanted (one compiled chunk length)."""
-  wanted = max(1, min(wanted, num_updates))
-  return max(d for d in range(1, wanted + 1) if num_updates % d == 0)
 
 
 class Progress:
@@ -168,7 +162,7 @@ def main(argv: list[str]) -> None:
   if _RESUME.value and checkpoint.steps(ckpt_dir):
     state, done = checkpoint.restore(ckpt_dir, state)
     print(f"resumed from update {done} ({ckpt_dir})", flush=True)
-  chunk = _chunk_size(cfg.num_updates, int(config.updates_per_chunk))
+  chunk = ppo.chunk_size(cfg.num_updates, int(config.updates_per_chunk))
   if done % chunk:
     raise runs.AgentError(f"checkpoint at update {done} is not at a chunk boundary ({chunk}); "
                           "resume with the updates_per_chunk it was written with")

@@ -433,6 +433,13 @@ class Trainer:
     return self._run(self._init(key), self.config.num_updates)
 
 
+def chunk_size(num_updates: int, wanted: int) -> int:
+  """The largest divisor of `num_updates` that is <= `wanted`: the length of the jitted chunks a
+  driver runs a training in (`Trainer.run(state, chunk)` compiles once per length)."""
+  wanted = max(1, min(wanted, num_updates))
+  return max(d for d in range(1, wanted + 1) if num_updates % d == 0)
+
+
 def make_train(config: PPOConfig, env: GraphRewriteEnv, agent: Agent,
                devices: Sequence[jax.Device] | None = None) -> Trainer:
   """PureJaxRL's entry point: `make_train(config, env, agent)(key) -> (RunnerState, metrics)`."""

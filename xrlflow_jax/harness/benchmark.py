@@ -29,7 +29,7 @@ import numpy as np
 
 from xrlflow_jax import cost, measure, search, workflow
 from xrlflow_jax import graph as G
-from xrlflow_jax.agents import runs
+from xrlflow_jax.agents import ppo, runs
 from xrlflow_jax.graph import Graph, ParamStore
 from xrlflow_jax.harness import env_benchmark
 from xrlflow_jax.search.result import JOB_METHODS
@@ -150,24 +150,49 @@ def build_run(names: Sequence[str], graphs: Sequence[Graph], params: Sequence[Pa
 
 def train_ppo(names: Sequence[str], graphs: Sequence[Graph], params: Sequence[ParamStore],
               config: Any, coeffs: cost.CostCoefficients, ruleset=None,
-              log: Log | None = None) -> TrainedPolicy:
-  """Trains PPO on a pool of graphs (one jitted `lax.scan` of all updates after `init`)."""
+              log: Log | None = None, *, max_seconds: float | None = None,
+              updates_per_chunk: int = 10) -> TrainedPolicy:
+  """Trains PPO on a pool of graphs, in jitted chunks of `updates_per_chunk` updates (the
+  largest divisor of the run's updates not above it; one compile), logging after each chunk.
+
+  max_seconds: a wall-clock budget (compile included): training stops after the first chunk
+    that ends past it (None: the config's whole run). `TrainedPolicy.env_steps` says how far
+    it got.
+  """
   t0 = time.perf_counter()
   run = build_run(names, graphs, params, config, coeffs, ruleset)
   cfg = run.trainer.config
   if log:
+    budget = f", stopping after {max_seconds:.0f}s" if max_seconds else ""
     log(f"PPO on {list(names)} (capacity {G.capacity(graphs[0])}): {len(run.ruleset)} rules x "
         f"{run.ruleset.max_locations} locations, {cfg.num_updates} updates of {cfg.batch_size} "
-        f"steps")
+        f"steps{budget}")
   state = run.trainer.init(jax.random.PRNGKey(int(config.seed)))
-  state, metrics = run.trainer.run(state, cfg.num_updates)
-  jax.block_until_ready(state.best_cost)
+  chunk = ppo.chunk_size(cfg.num_updates, updates_per_chunk)
+  chunks: list[dict[str, np.ndarray]] = []
+  done = 0
+  while done < cfg.num_updates:
+    state, m = run.trainer.run(state, chunk)
+    chunks.append({k: np.asarray(v) for k, v in m.items()})
+    done += chunk
+    elapsed = time.perf_counter() - t0
+    if log:
+      ratio = np.asarray(state.best_cost) / np.asarray(state.initial_cost)
+      ret = chunks[-1]["episode_return"]
+      ret = float(np.nanmean(ret)) if np.isfinite(ret).any() else float("nan")
+      log(f"  update {done}/{cfg.num_updates}: episode return {ret:.3f}, best cost ratio per "
+          f"graph {np.round(ratio, 4).tolist()} ({elapsed:.0f}s)")
+    if max_seconds is not None and elapsed > max_seconds and done < cfg.num_updates:
+      if log:
+        log(f"  stopped at the time budget ({max_seconds:.0f}s) after {done} of "
+            f"{cfg.num_updates} updates")
+      break
   seconds = time.perf_counter() - t0
-  metrics = {k: np.asarray(v) for k, v in metrics.items()}
+  metrics = {k: np.concatenate([c[k] for c in chunks]) for k in chunks[0]}
   if log:
-    log(f"PPO trained {cfg.num_updates * cfg.batch_size} steps in {seconds:.1f}s (compile "
+    log(f"PPO trained {done * cfg.batch_size} steps in {seconds:.1f}s (compile "
         f"included); final episode return {float(metrics['episode_return'][-1]):.3f}")
-  return TrainedPolicy(run, state, metrics, seconds, cfg.num_updates * cfg.batch_size)
+  return TrainedPolicy(run, state, metrics, seconds, done * cfg.batch_size)
 
 
 def policy_outcome(policy: TrainedPolicy, graph: Graph, params: ParamStore, *, samples: int,

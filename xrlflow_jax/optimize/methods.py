@@ -13,7 +13,7 @@ import numpy as np
 
 from xrlflow_jax import cost, search, workflow
 from xrlflow_jax import graph as G
-from xrlflow_jax.agents import runs
+from xrlflow_jax.agents import ppo, runs
 from xrlflow_jax.configs import ppo as ppo_configs
 from xrlflow_jax.graph import layout
 from xrlflow_jax.optimize.checks import OptimizeError
@@ -153,7 +153,7 @@ def train_ppo(loaded: Loaded, config: Any, coeffs: cost.CostCoefficients,
   t0 = time.perf_counter()
   state = trainer.init(jax.random.PRNGKey(int(config.seed)))
   total = trainer.config.num_updates
-  chunk = _chunk_size(total, int(config.updates_per_chunk))
+  chunk = ppo.chunk_size(total, int(config.updates_per_chunk))
   done = 0
   while done < total:
     state, metrics = trainer.run(state, chunk)
@@ -163,12 +163,6 @@ def train_ppo(loaded: Loaded, config: Any, coeffs: cost.CostCoefficients,
     log(f"  ppo update {done}/{total}: return {ret:.3f}, best cost ratio {best:.4f} "
         f"({time.perf_counter() - t0:.1f}s)")
   return trainer, ruleset, state, time.perf_counter() - t0
-
-
-def _chunk_size(num_updates: int, wanted: int) -> int:
-  """The largest divisor of num_updates that is <= wanted."""
-  wanted = max(1, min(wanted, num_updates))
-  return max(d for d in range(1, wanted + 1) if num_updates % d == 0)
 
 
 def run_ppo(loaded: Loaded, coeffs: cost.CostCoefficients, *, budget: int | None = None,
