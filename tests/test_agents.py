@@ -15,11 +15,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from xrlflow_jax import GraphBuilder, cost, search
+from xrlflow_jax import GraphBuilder, cost, search, workflow
 from xrlflow_jax import graph as G
 from xrlflow_jax.agents import (Agent, AgentConfig, AgentError, MaskedCategorical, PPOConfig,
-                                candidate_graphs, checkpoint, gae, make_train, summaries)
+                                checkpoint, gae, make_train, ppo, summaries)
+from xrlflow_jax.configs import ppo as ppo_configs
 from xrlflow_jax.env import GraphRewriteEnv
+from xrlflow_jax.harness import benchmark as B
 from xrlflow_jax.rules import RuleSet
 from xrlflow_jax.rules.library import builtin_rules
 
@@ -72,12 +74,13 @@ _CANDIDATES_FNS = {}
 
 
 def _candidates_fn(ruleset):
-  """A jitted (graph, nodes, mask) -> (candidate graphs, ok, their costs), one per RuleSet."""
+  """A jitted (graph, nodes, mask) -> (candidate graphs, flat actions, ok, their costs) of
+  `RuleSet.candidates` over every slot, one per RuleSet."""
   if id(ruleset) not in _CANDIDATES_FNS:
     @jax.jit
     def build(g, nodes, mask):
-      graphs, ok = candidate_graphs(ruleset, g, nodes, mask)
-      return graphs, ok, jax.vmap(_cost)(graphs)
+      graphs, index, ok = ruleset.candidates(g, nodes, mask)
+      return graphs, index, ok, jax.vmap(_cost)(graphs)
     _CANDIDATES_FNS[id(ruleset)] = build
   return _CANDIDATES_FNS[id(ruleset)]
 
@@ -323,16 +326,19 @@ def test_candidate_graphs_match_applying_each_action(ruleset):
   match = ruleset.jit_match(graph)  # now concat_of_slices and split apply too
   l = ruleset.max_locations
   mask = np.asarray(match.mask)
-  graphs, ok, costs = _candidates_fn(ruleset)(graph, match.nodes, match.mask)
-  costs = np.asarray(costs)
-  assert mask.sum() >= 3 and (np.asarray(ok) == mask.reshape(-1)).all()
-  for a in np.flatnonzero(mask.reshape(-1)):
+  graphs, index, ok, costs = _candidates_fn(ruleset)(graph, match.nodes, match.mask)
+  costs, index, ok = np.asarray(costs), np.asarray(index), np.asarray(ok)
+  valid = np.flatnonzero(mask.reshape(-1))
+  count = len(valid)
+  assert count >= 3 and ok[:count].all() and not ok[count:].any()
+  np.testing.assert_array_equal(index[:count], valid)  # compacted, in action order
+  for i, a in enumerate(valid):
     expect, applied = ruleset.jit_apply_action(graph, match, a)
     assert bool(applied)
-    got = jax.tree_util.tree_map(lambda x, a=a: x[a], graphs)
+    got = jax.tree_util.tree_map(lambda x, i=i: x[i], graphs)
     assert G.structural_hash(got) == G.structural_hash(expect), ruleset.names[a // l]
-    np.testing.assert_allclose(costs[a], float(_cost(expect)), rtol=1e-6)
-  assert costs[mask.reshape(-1)].min() == pytest.approx(OPTIMUM)
+    np.testing.assert_allclose(costs[i], float(_cost(expect)), rtol=1e-6)
+  assert costs[:count].min() == pytest.approx(OPTIMUM)
 
 
 @pytest.mark.slow  # compiles the rules' matcher and edit kernel; see README for -m slow
@@ -405,7 +411,7 @@ def _greedy(ruleset, graph) -> float:
   current = float(_cost(graph))
   while True:
     match = ruleset.jit_match(graph)
-    graphs, ok, costs = _candidates_fn(ruleset)(graph, match.nodes, match.mask)
+    graphs, _, ok, costs = _candidates_fn(ruleset)(graph, match.nodes, match.mask)
     costs = np.where(np.asarray(ok), np.asarray(costs), np.inf)
     best = int(np.argmin(costs))
     if not float(costs[best]) < current - 1e-6:
@@ -480,7 +486,9 @@ _MULTI_DEVICE = textwrap.dedent("""
     import jax, numpy as np
     from tests import test_agents as T
     from xrlflow_jax.agents import Agent, AgentConfig, PPOConfig, make_train
-    from xrlflow_jax.env import GraphRewriteEnv
+    from xrlflow_jax.configs import ppo as ppo_configs
+from xrlflow_jax.env import GraphRewriteEnv
+from xrlflow_jax.harness import benchmark as B
     from xrlflow_jax.rules import RuleSet
     from xrlflow_jax.rules.library import builtin_rules
     assert len(jax.devices()) == 4, jax.devices()
@@ -527,3 +535,37 @@ def test_four_cpu_devices_match_one_device():
                         text=True, timeout=1500, check=False)
   assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
   assert "OK" in proc.stdout
+
+
+def test_chunk_size_is_the_largest_divisor_within_the_wish():
+  for n in range(1, 61):
+    for wanted in range(0, 25):
+      c = ppo.chunk_size(n, wanted)
+      assert n % c == 0 and 1 <= c <= max(1, min(wanted, n)), (n, wanted, c)
+      assert not any(n % d == 0 for d in range(c + 1, min(wanted, n) + 1)), (n, wanted, c)
+
+
+@pytest.mark.slow  # compiles two PPO chunk lengths; see README for -m slow
+def test_chunked_training_equals_one_call_and_stops_at_its_time_budget():
+  """The evaluation/benchmark training (harness.benchmark.train_ppo) runs in chunks: the result
+  equals one jitted call of all updates, and a time budget stops it after the first chunk past
+  it with the steps it took recorded."""
+  loaded = workflow.load("squeezenet1_1", size="tiny", capacity=128)
+  config = ppo_configs.get_config("test")
+  config.ppo.total_timesteps = config.ppo.num_envs * config.ppo.num_steps * 4  # 4 updates
+  coeffs = cost.load_coefficients()
+  args = (["sq"], [loaded.graph], [loaded.params], config, coeffs)
+  lines: list[str] = []
+  full = B.train_ppo(*args, log=lines.append, updates_per_chunk=2)
+  batch = full.run.trainer.config.batch_size
+  assert full.env_steps == 4 * batch and len(full.metrics["loss"]) == 4
+  assert sum("update " in s for s in lines) == 2  # one progress line per chunk
+  tr = full.run.trainer
+  state, metrics = tr.run(tr.init(jax.random.PRNGKey(int(config.seed))), 4)
+  chex.assert_trees_all_close(state.params, full.state.params, rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(np.asarray(metrics["loss"]), full.metrics["loss"], rtol=1e-5)
+  lines.clear()
+  cut = B.train_ppo(*args, log=lines.append, updates_per_chunk=2, max_seconds=0.0)
+  assert cut.env_steps == 2 * batch and len(cut.metrics["loss"]) == 2
+  assert int(cut.state.update) == 2
+  assert any("stopped at the time budget" in s for s in lines)

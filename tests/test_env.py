@@ -181,20 +181,38 @@ def test_pool_of_mismatched_capacity_is_a_clear_error(pool):
 
 
 def test_exact_candidate_delta_matches_applying(pool):
+  """Every offered candidate's delta equals applying it and costing the result; with
+  `max_candidates` below the number of valid candidates, exactly the first ones (action order)
+  are offered, the rest are masked out of the observation and not actions of the step."""
   rules = [r for r in builtin_rules() if r.name in ("merge_matmul_shared_input_2",
                                                      "matmul_tanh_fuse")]
   ruleset = RuleSet(rules, max_locations=8)
-  env = GraphRewriteEnv([pool[0][0]], ruleset, _cost, horizon=5, exact_candidate_delta=True)
-  state, ts = jax.jit(env.reset)(jax.random.PRNGKey(0))
-  delta = np.asarray(ts.observation.candidate_delta)
-  mask = np.asarray(ts.observation.action_mask)[:-1].reshape(delta.shape)
-  assert mask.any()
   apply, cost_fn = jax.jit(ruleset.apply_action), jax.jit(_cost)
-  for r, l in zip(*np.nonzero(mask)):
-    new, ok = apply(state.graph, state.match, r * ruleset.max_locations + l)
-    assert bool(ok)
-    np.testing.assert_allclose(delta[r, l], float(cost_fn(new) - state.cost), rtol=1e-4,
-                               atol=1e-6)
+  full = None
+  for cap in (0, 2):
+    env = GraphRewriteEnv([pool[0][0]], ruleset, _cost, horizon=5, exact_candidate_delta=True,
+                          max_candidates=cap)
+    state, ts = jax.jit(env.reset)(jax.random.PRNGKey(0))
+    delta = np.asarray(ts.observation.candidate_delta)
+    mask = np.asarray(ts.observation.action_mask)[:-1].reshape(delta.shape)
+    assert (mask == np.asarray(state.match.mask)).all()
+    if cap == 0:
+      full = mask
+      assert mask.sum() > 2  # so that the cap below removes some
+    else:
+      offered = np.flatnonzero(full.reshape(-1))[:cap]
+      np.testing.assert_array_equal(np.flatnonzero(mask.reshape(-1)), offered)
+      assert (delta[~mask] == 0).all()
+      past = int(np.flatnonzero(full.reshape(-1))[cap])
+      _, step = jax.jit(env.step)(state, jnp.int32(past))
+      assert bool(step.extras["invalid_action"])  # not an action while past the cap
+    for r, l in zip(*np.nonzero(mask)):
+      new, ok = apply(state.graph, state.match, r * ruleset.max_locations + l)
+      assert bool(ok)
+      np.testing.assert_allclose(delta[r, l], float(cost_fn(new) - state.cost), rtol=1e-4,
+                                 atol=1e-6)
+  with pytest.raises(EnvError, match="max_candidates"):
+    GraphRewriteEnv([pool[0][0]], ruleset, _cost, horizon=5, max_candidates=-1)
 
 
 def test_benchmark_policy_only_takes_valid_actions():

@@ -19,6 +19,7 @@ from xrlflow_jax.env import GraphRewriteEnv
 from xrlflow_jax.harness import search_benchmark as bench
 from xrlflow_jax.rules import RuleSet
 from xrlflow_jax.rules.library import builtin_rules
+from xrlflow_jax.search.policy import _policy_net
 
 # A synthetic cost model (1.0 per MatMul kernel, 1.5 per loop-fusion kernel) on
 #     out = concat(x @ w1, x @ w2) + z          cost 2 + 1.5 = 3.5
@@ -303,6 +304,30 @@ def test_policy_accepts_a_runner_state_and_raw_params(toy, ruleset, expander):
 # ----------------------------------------------------------------------------------------------
 # The guard
 # ----------------------------------------------------------------------------------------------
+
+def test_policy_observes_what_an_exact_delta_environment_offers(toy, ruleset, expander):
+  """With an environment that builds at most `max_candidates` candidates for its exact delta,
+  the policy driver's observation (from the Expander's expansion) is the environment's: the
+  same offered mask (the first valid candidates) and the same deltas."""
+  graph, _ = toy
+  node_cost_fn = lambda g: cost.node_costs(g, COEFFS)  # pylint: disable=unnecessary-lambda-assignment
+  cost_fn = lambda g: cost.graph_cost(g, COEFFS)  # pylint: disable=unnecessary-lambda-assignment
+  agent = Agent(ruleset, node_cost_fn, AgentConfig(head="local", hidden=16, layers=1, heads=2))
+  for cap in (0, 1):
+    env = GraphRewriteEnv([graph], ruleset, cost_fn, horizon=3, node_cost_fn=node_cost_fn,
+                          exact_candidate_delta=True, max_candidates=cap)
+    _, ts = jax.jit(env.reset)(jax.random.PRNGKey(0))
+    net = _policy_net(agent, env)
+    g = jax.tree_util.tree_map(jnp.asarray, graph)
+    exp = expander.costs(g)
+    obs = jax.jit(net.observation)(g, exp.valid, exp.nodes, exp.cost, exp.current, 0)
+    np.testing.assert_array_equal(np.asarray(obs.action_mask),
+                                  np.asarray(ts.observation.action_mask))
+    np.testing.assert_allclose(np.asarray(obs.candidate_delta),
+                               np.asarray(ts.observation.candidate_delta), rtol=1e-5, atol=1e-6)
+    if cap:
+      assert np.asarray(obs.action_mask)[:-1].sum() == cap < np.asarray(exp.valid).sum()
+
 
 def _stats(ms: float) -> cost.LatencyStats:
   return cost.LatencyStats(ms, ms * 0.9, ms * 1.1, 10, 0.1, "cpu", "cpu")

@@ -13,7 +13,6 @@ from xrlflow_jax.agents.distributions import MASKED_LOGIT, MaskedCategorical
 from xrlflow_jax.agents.gae import gae
 from xrlflow_jax.agents.networks import (HEADS, ActorCritic, Agent, AgentConfig, AgentError,
                                          CandidateInputs, EncoderInputs, GraphEncoder,
-                                         candidate_graphs,
                                          encoder_inputs)
 from xrlflow_jax.agents.ppo import (METRICS, PPOConfig, RunnerState, Trainer, Transition,
                                     make_train)
@@ -21,5 +20,5 @@ from xrlflow_jax.agents.ppo import (METRICS, PPOConfig, RunnerState, Trainer, Tr
 __all__ = [
     "ActorCritic", "Agent", "AgentConfig", "AgentError", "EncoderInputs", "GraphEncoder", "HEADS",
     "MASKED_LOGIT", "METRICS", "MaskedCategorical", "PPOConfig", "RunnerState", "Trainer",
-    "Transition", "CandidateInputs", "candidate_graphs", "encoder_inputs", "gae", "make_train",
+    "Transition", "CandidateInputs", "encoder_inputs", "gae", "make_train",
 ]

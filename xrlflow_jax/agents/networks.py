@@ -16,8 +16,9 @@ Policy heads over the environment's flat action space (R * L rewrites, then stop
     (one projection per pattern slot), a learned rule embedding, its cost features
     (`candidate_removed_cost`, `candidate_delta`) and the graph embedding.
   * "candidates" (X-RLflow's): every valid candidate graph one rewrite would produce is built
-    (the valid (rule, location) pairs compacted into `AgentConfig.max_candidates` slots, one
-    vmapped edit kernel for all rules; empty slots are never encoded) and encoded by the same
+    (`RuleSet.candidates`: the valid (rule, location) pairs compacted into
+    `AgentConfig.max_candidates` slots, one vmapped edit kernel for all rules; empty slots are
+    never encoded) and encoded by the same
     GNN; a shared scorer maps the candidate's embedding, its difference to the current graph's,
     the rule embedding and its exact modelled cost change to a logit.
 The stop action has its own logit from the graph embedding; the value comes from the same
@@ -38,7 +39,6 @@ import jax.numpy as jnp
 from xrlflow_jax import ops
 from xrlflow_jax.errors import XrlflowError
 from xrlflow_jax.graph import layout
-from xrlflow_jax.rules import edit as edit_lib
 from xrlflow_jax.rules.ruleset import RuleSet
 
 HEADS = ("local", "candidates")
@@ -147,38 +147,6 @@ class CandidateInputs:
   graphs: Any
   index: jax.Array
   used: jax.Array
-
-
-def candidate_graphs(ruleset: RuleSet, graph: layout.Graph, cand_nodes: jax.Array,
-                     mask: jax.Array, index: jax.Array | None = None
-                     ) -> tuple[layout.Graph, jax.Array]:
-  """The graphs one rewrite of `graph` would produce, stacked rule-major.
-
-  The rule-specific plans (small: a few gathers each) are made for every (rule, location),
-  padded to the RuleSet's common edit size and stacked; the shape rules and the edit kernel
-  (the expensive part) then run once per built candidate (one vmap).
-
-  Args:
-    ruleset: the environment's rules (R rules, L locations, P pattern slots).
-    graph: the current graph.
-    cand_nodes: int32[R, L, P] matched nodes (`Observation.candidate_nodes`).
-    mask: bool[R, L] valid locations.
-    index: int32[C] flat actions to build (e.g. the valid ones, compacted); None: all R * L.
-  Returns:
-    (graphs with a leading axis C (R * L when index is None), ok bool[C]: the candidate exists
-    and was applied).
-  """
-  stacked = ruleset.plans(graph, cand_nodes)
-  valid = mask.reshape(-1)
-  if index is not None:
-    stacked = jax.tree_util.tree_map(lambda x: x[index], stacked)
-    valid = valid[index]
-
-  def build(e, keep):
-    e = edit_lib.neutralize(edit_lib.complete(graph, e), keep, layout.capacity(graph))
-    return edit_lib.apply_edit(graph, e)
-  graphs, ok = jax.vmap(build)(stacked, valid)
-  return graphs, ok & valid
 
 
 # ----------------------------------------------------------------------------------------------
@@ -507,20 +475,16 @@ class Agent:
     r, l = len(self.ruleset), self.ruleset.max_locations
     mask = obs.action_mask[:-1].reshape(r, l)
     if self.config.head == "candidates":
-      slots = min(self.config.max_candidates or r * l, r * l)
-      flat = mask.reshape(-1)
-      (index,) = jnp.nonzero(flat, size=slots, fill_value=0)  # valid candidates first
-      used = jnp.arange(slots) < flat.sum()
-      graphs, ok = candidate_graphs(self.ruleset, graph, obs.candidate_nodes, mask, index)
-      ok = ok & used
+      graphs, index, ok = self.ruleset.candidates(graph, obs.candidate_nodes, mask,
+                                                  self.config.max_candidates or None)
       cand_costs = jax.vmap(self.node_cost_fn)(graphs)
-      target = jnp.where(used, index, r * l)  # unused slots scatter nowhere
+      target = jnp.where(ok, index, r * l)  # slots without a built candidate scatter nowhere
       delta = jnp.zeros([r * l], jnp.float32).at[target].set(
           jnp.where(ok, jnp.sum(cand_costs, -1) - jnp.sum(costs), 0.0), mode="drop")
       delta = delta.reshape(r, l)
       candidates = CandidateInputs(
           graphs=jax.vmap(encoder_inputs, in_axes=(0, 0, None))(graphs, cand_costs, scale),
-          index=index.astype(jnp.int32), used=ok)
+          index=index, used=ok)
     else:
       delta, candidates = obs.candidate_delta, None
     removed = obs.candidate_removed_cost / scale

@@ -87,7 +87,8 @@ def build(config: Any, devices: Sequence[jax.Device] | None = None,
 
   env = GraphRewriteEnv(list(graphs), ruleset, cost_fn, int(config.env.horizon),
                         reward_scale=float(config.env.reward_scale), node_cost_fn=node_cost_fn,
-                        exact_candidate_delta=bool(config.env.exact_candidate_delta))
+                        exact_candidate_delta=bool(config.env.exact_candidate_delta),
+                        max_candidates=int(config.env.get("max_candidates", 0)))
   agent = Agent(ruleset, node_cost_fn, AgentConfig(**dict(config.agent)))
   trainer = Trainer(PPOConfig.from_mapping(config.ppo), env, agent, devices)
   return Run(list(names), list(graphs), list(params), coeffs, ruleset, env, agent, trainer)

@@ -46,6 +46,7 @@ def get_config(arg: str = "test") -> ml_collections.ConfigDict:
   c.env.horizon = 50
   c.env.reward_scale = 10.0
   c.env.exact_candidate_delta = False
+  c.env.max_candidates = 0  # with the exact delta: candidates built per step (0: all R x L)
   c.env.cost_coefficients = ""  # a JSON file; "" = the shipped fit for the default device
 
   # The agent's and PPO's settings are their dataclasses' defaults (the single source).

@@ -17,8 +17,7 @@ import numpy as np
 
 from xrlflow_jax.errors import XrlflowError
 from xrlflow_jax.graph import layout
-from xrlflow_jax.rules import edit as edit_lib
-from xrlflow_jax.rules.ruleset import RuleSet
+from xrlflow_jax.rules.ruleset import RuleSet, RuleSetMatch
 from xrlflow_jax.env.types import (ArraySpec, DiscreteSpec, Observation, ObservationSpec, State,
                                    StepType, TimeStep)
 
@@ -37,6 +36,15 @@ def removed_cost(ruleset: RuleSet, costs: jax.Array, nodes: jax.Array) -> jax.Ar
     ids = nodes[r][:, cols]  # [L, removed]
     out.append(jnp.where(ids >= 0, costs[jnp.maximum(ids, 0)], 0.0).sum(-1))
   return jnp.stack(out).astype(jnp.float32)
+
+
+def offered_candidates(mask: jax.Array, slots: int) -> jax.Array:
+  """bool[R, L]: the first `slots` valid candidates of mask bool[R, L] in action order (0: all),
+  the ones a compacted build of `slots` slots covers (`RuleSet.candidates`)."""
+  if not slots:
+    return mask
+  flat = mask.reshape(-1)
+  return (flat & (jnp.cumsum(flat.astype(jnp.int32)) <= slots)).reshape(mask.shape)
 
 
 def observe(ruleset: RuleSet, graph: layout.Graph, mask: jax.Array, nodes: jax.Array,
@@ -92,19 +100,26 @@ class GraphRewriteEnv:
     horizon: steps before truncation.
     reward_scale: multiplies the reward (X-RLflow used 100).
     node_cost_fn: graph -> float32[N] per-node costs; enables `candidate_removed_cost`.
-    exact_candidate_delta: also build every candidate graph and report its exact cost change
-      (costly: R * L rewrites per step; for small graphs and the `candidates` policy head).
+    exact_candidate_delta: also build the valid candidates and report each one's exact cost
+      change (`RuleSet.candidates`: only valid candidates are built, compacted into
+      `max_candidates` slots).
+    max_candidates: slots of that build (0: R * L, every candidate). Valid candidates past the
+      cap are not offered: they are masked out of the observation's action mask (as the
+      `candidates` policy head does), so every offered action has its exact delta.
   """
 
   def __init__(self, graphs: Sequence[layout.Graph] | layout.Graph, ruleset: RuleSet,
                cost_fn: CostFn, horizon: int, *, reward_scale: float = 1.0,
-               node_cost_fn: NodeCostFn | None = None, exact_candidate_delta: bool = False):
+               node_cost_fn: NodeCostFn | None = None, exact_candidate_delta: bool = False,
+               max_candidates: int = 0):
     if isinstance(graphs, layout.Graph):
       pool = graphs if np.ndim(graphs.nodes["op"]) == 2 else stack_graphs([graphs])
     else:
       pool = stack_graphs(list(graphs))
     if horizon < 1:
       raise EnvError(f"horizon must be >= 1, got {horizon}")
+    if max_candidates < 0:
+      raise EnvError(f"max_candidates must be >= 0 (0: every candidate), got {max_candidates}")
     self.pool = pool
     self.pool_size = int(pool.nodes["op"].shape[0])
     self.ruleset = ruleset
@@ -113,6 +128,7 @@ class GraphRewriteEnv:
     self.horizon = int(horizon)
     self.reward_scale = float(reward_scale)
     self.exact_candidate_delta = exact_candidate_delta
+    self.max_candidates = int(max_candidates)
     self.num_slots = int(pool.nodes["op"].shape[1])
     self.max_inputs = int(pool.senders.shape[1]) // self.num_slots
     self._initial: tuple | None = None
@@ -141,26 +157,33 @@ class GraphRewriteEnv:
         if self.node_cost_fn is not None else None)
 
   # ------------------------------------------------------------------ dynamics
+  def _match(self, graph: layout.Graph) -> RuleSetMatch:
+    """The rules' match of `graph`, its mask limited to the offered candidates (with an exact
+    delta over `max_candidates` slots, the valid candidates past the cap are not actions)."""
+    match = self.ruleset.match(graph)
+    if self.exact_candidate_delta and self.max_candidates:
+      match = match.replace(mask=offered_candidates(match.mask, self.max_candidates))
+    return match
+
   def _observe(self, graph, match, cost, step_count) -> Observation:
-    delta = self._candidate_delta(graph, match, cost) if self.exact_candidate_delta else None
+    delta = None
+    if self.exact_candidate_delta:
+      delta = self._candidate_delta(graph, match.nodes, match.mask, cost)
     return observe(self.ruleset, graph, match.mask, match.nodes, step_count,
                    node_cost_fn=self.node_cost_fn, delta=delta)
 
-  def _candidate_delta(self, graph, match, cost) -> jax.Array:
-    """Exact modelled cost change of every candidate: float32[R, L] (0 where invalid)."""
-    rs = self.ruleset
-    out = []
-    for r, c in enumerate(rs.compiled):
-      def one(nodes, c=c):
-        plan = c.plan(graph, nodes[:c.rule.num_bound], rs.max_new, rs.max_redirects,
-                      rs.max_freed)
-        new, ok = edit_lib.apply_edit(graph, edit_lib.complete(graph, plan))
-        return jnp.where(ok, self.cost_fn(new) - cost, 0.0)
-      out.append(jnp.where(match.mask[r], jax.vmap(one)(match.nodes[r]), 0.0))
-    return jnp.stack(out)
+  def _candidate_delta(self, graph, nodes, mask, cost) -> jax.Array:
+    """Exact modelled cost change of the candidates of mask bool[R, L]: float32[R, L] (0
+    elsewhere), from the compacted build of `RuleSet.candidates`."""
+    r, l = mask.shape
+    graphs, index, ok = self.ruleset.candidates(graph, nodes, mask, self.max_candidates or None)
+    new = jax.vmap(self.cost_fn)(graphs).astype(jnp.float32)
+    target = jnp.where(ok, index, r * l)  # slots without a built candidate scatter nowhere
+    flat = jnp.zeros([r * l], jnp.float32).at[target].set(new - cost, mode="drop")
+    return flat.reshape(r, l)
 
   def _first(self, graph: layout.Graph) -> tuple:
-    match = self.ruleset.match(graph)
+    match = self._match(graph)
     cost = jnp.asarray(self.cost_fn(graph), jnp.float32)
     return match, cost, self._observe(graph, match, cost, jnp.int32(0))
 
@@ -207,7 +230,7 @@ class GraphRewriteEnv:
     invalid = ~is_stop & ~applied
     graph = jax.tree_util.tree_map(lambda a, b: jnp.where(applied, a, b), new_graph, state.graph)
     cost = jnp.where(applied, jnp.asarray(self.cost_fn(graph), jnp.float32), state.cost)
-    match = self.ruleset.match(graph)
+    match = self._match(graph)
     reward = self.reward_scale * (state.cost - cost) / state.initial_cost
     step_count = state.step_count + 1
     terminated = is_stop | ~jnp.any(match.mask)

@@ -124,6 +124,33 @@ class RuleSet:
       out.append(jax.vmap(plan)(nodes[r]))
     return jax.tree_util.tree_map(lambda *xs: jnp.concatenate(xs, 0), *out)
 
+  def candidates(self, graph: layout.Graph, nodes: jax.Array, mask: jax.Array,
+                 slots: int | None = None) -> tuple[layout.Graph, jax.Array, jax.Array]:
+    """The graphs one rewrite of `graph` would produce, for the valid candidates only: they are
+    compacted (action order) into `slots` slots and only those are built (the plans of every
+    (rule, location) are small; the shape rules and the edit kernel, the expensive part, run
+    once per slot in one vmap). Valid candidates past `slots` are not built.
+
+    Args:
+      graph: the current graph; nodes: int32[R, L, P] bound nodes (`RuleSetMatch.nodes`);
+      mask: bool[R, L] valid candidates; slots: C (None: R * L, every candidate).
+    Returns:
+      (graphs with a leading axis C, index int32[C] the flat action of each slot (0 where
+      unused), ok bool[C]: the slot holds a valid candidate that applied).
+    """
+    flat = mask.reshape(-1)
+    c = min(slots or flat.shape[0], flat.shape[0])
+    (index,) = jnp.nonzero(flat, size=c, fill_value=0)  # valid candidates first
+    used = jnp.arange(c) < flat.sum()
+    stacked = jax.tree_util.tree_map(lambda x: x[index], self.plans(graph, nodes))
+    n = layout.capacity(graph)
+
+    def build(e, keep):
+      e = edit_lib.neutralize(edit_lib.complete(graph, e), keep, n)
+      return edit_lib.apply_edit(graph, e)
+    graphs, ok = jax.vmap(build)(stacked, used)
+    return graphs, index.astype(jnp.int32), ok & used
+
   def apply(self, graph: layout.Graph, rule_index: jax.Array, nodes: jax.Array,
             allowed: jax.Array | bool = True) -> tuple[layout.Graph, jax.Array]:
     """Applies one rule at one location; returns (graph, applied). Unapplicable: unchanged."""

@@ -11,7 +11,7 @@ import numpy as np
 
 from xrlflow_jax.agents.distributions import MaskedCategorical
 from xrlflow_jax.agents.networks import Agent
-from xrlflow_jax.env import GraphRewriteEnv, observe
+from xrlflow_jax.env import GraphRewriteEnv, observe, offered_candidates
 from xrlflow_jax.env.types import Observation
 from xrlflow_jax.graph import layout
 from xrlflow_jax.graph.params import ParamStore
@@ -70,18 +70,20 @@ class _PolicyNet:
   policy adds only the network to compile.
   """
 
-  def __init__(self, agent: Agent, node_cost_fn: Any, exact: bool):
+  def __init__(self, agent: Agent, node_cost_fn: Any, exact: bool, max_candidates: int = 0):
     self.agent = agent
     self.node_cost_fn = node_cost_fn
     self.exact = exact
+    self.max_candidates = max_candidates if exact else 0
     self.fn = jax.jit(self._log_probs)
 
   def observation(self, graph: layout.Graph, valid: jax.Array, nodes: jax.Array,
                   cand_cost: jax.Array, current: jax.Array, step: jax.Array) -> Observation:
-    """The environment's observation of `graph` from its expansion (jittable)."""
+    """The environment's observation of `graph` from its expansion (jittable): with an exact
+    delta over `max_candidates` slots, only the candidates the environment offers."""
     r, l = nodes.shape[:2]
-    mask = valid.reshape(r, l)
-    delta = jnp.where(valid, cand_cost - current, 0.0).reshape(r, l) if self.exact else None
+    mask = offered_candidates(valid.reshape(r, l), self.max_candidates)
+    delta = jnp.where(mask, cand_cost.reshape(r, l) - current, 0.0) if self.exact else None
     return observe(self.agent.ruleset, graph, mask, nodes, step,
                    node_cost_fn=self.node_cost_fn, delta=delta)
 
@@ -103,8 +105,12 @@ class _PolicyNet:
 _NETS: IdentityCache[_PolicyNet] = IdentityCache()
 
 
-def _policy_net(agent: Agent, node_cost_fn: Any, exact: bool) -> _PolicyNet:
-  return _NETS.get((agent, node_cost_fn, exact), lambda: _PolicyNet(agent, node_cost_fn, exact))
+def _policy_net(agent: Agent, env: GraphRewriteEnv | None) -> _PolicyNet:
+  """The policy network of `agent`, observing as `env` does (None: no exact delta)."""
+  if env is None:
+    return _NETS.get((agent,), lambda: _PolicyNet(agent, agent.node_cost_fn, False))
+  return _NETS.get((agent, env), lambda: _PolicyNet(
+      agent, env.node_cost_fn, env.exact_candidate_delta, env.max_candidates))
 
 
 def policy(graph: layout.Graph, params: ParamStore, expander: Expander, *, agent: Agent,
@@ -148,11 +154,7 @@ def policy(graph: layout.Graph, params: ParamStore, expander: Expander, *, agent
     raise SearchError(f"steps must be >= 1, got {steps}")
   started = time.perf_counter()
   g0 = check_graph(graph, expander.ruleset)
-  if env is not None:
-    node_cost_fn, exact = env.node_cost_fn, env.exact_candidate_delta
-  else:
-    node_cost_fn, exact = agent.node_cost_fn, False
-  net_fn = _policy_net(agent, node_cost_fn, exact)
+  net_fn = _policy_net(agent, env)
   jgraph = jax.tree_util.tree_map(jnp.asarray, g0)
   first = expander.costs(jgraph)
   def leaf_shapes() -> list[tuple[int, ...]]:
@@ -202,10 +204,6 @@ def policy(graph: layout.Graph, params: ParamStore, expander: Expander, *, agent
 def init_network(agent: Agent, expander: Expander, graph: layout.Graph, key: jax.Array,
                  env: GraphRewriteEnv | None = None) -> Any:
   """Untrained network parameters for `agent` (jitted init on `graph`'s observation)."""
-  if env is not None:
-    node_cost_fn, exact = env.node_cost_fn, env.exact_candidate_delta
-  else:
-    node_cost_fn, exact = agent.node_cost_fn, False
-  net_fn = _policy_net(agent, node_cost_fn, exact)
+  net_fn = _policy_net(agent, env)
   jgraph = jax.tree_util.tree_map(jnp.asarray, graph)
   return jax.jit(net_fn.init)(key, jgraph, expander.costs(jgraph))
