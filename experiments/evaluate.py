@@ -74,9 +74,11 @@ _TASO_BUDGET = flags.DEFINE_integer("taso_budget", 200, "taso: graphs expanded."
 _ROUNDS = flags.DEFINE_integer("rounds", 10, "Interleaved timing rounds.")
 _REPEATS = flags.DEFINE_integer("repeats_per_round", 3, "Timed runs per graph per round.")
 _SEED = flags.DEFINE_integer("seed", 0, "Seed of weights, training and sampling.")
-_KERNELS = flags.DEFINE_bool("kernel_table", True, "Cost the searches' and the policy's graphs "
-                              "with measured MatMul and convolution times (training keeps the "
-                              "roofline); false: the roofline alone.")
+_KERNELS = flags.DEFINE_bool("kernel_table", True, "Cost with measured MatMul and convolution "
+                              "times: the searches, the policy's rollouts and the training "
+                              "environment (its table is filled first by a TASO-style search "
+                              "of --taso_budget on each training graph); false: the roofline "
+                              "alone.")
 _COEFFS = flags.DEFINE_string("cost_coefficients", "", "Cost-model JSON ('' = shipped fit).")
 
 QUICK = {"train_models": ["squeezenet1_1"], "eval_models": ["resnet18"],
@@ -187,7 +189,9 @@ def main(argv: list[str]) -> None:
   policy = B.train_ppo([s.label for s in train_specs], [g for g, _ in train_loaded],
                        [p for _, p in train_loaded], ppo_config(), coeffs, ruleset,
                        log=lambda s: print(s, flush=True),
-                       max_seconds=_TRAIN_MINUTES.value * 60 or None)
+                       max_seconds=_TRAIN_MINUTES.value * 60 or None,
+                       kernels=kernel_table.shared() if _KERNELS.value else None,
+                       kernel_budget=_opt("taso_budget"))
   B.write_csv([{"update": i + 1, **{k: float(v[i]) for k, v in policy.metrics.items()}}
                for i in range(len(policy.metrics["env_steps"]))], out_dir / "training.csv")
   rows: list[dict[str, Any]] = []

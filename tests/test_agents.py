@@ -18,8 +18,9 @@ import pytest
 from xrlflow_jax import GraphBuilder, cost, search, workflow
 from xrlflow_jax import graph as G
 from xrlflow_jax.agents import (Agent, AgentConfig, AgentError, MaskedCategorical, PPOConfig,
-                                checkpoint, gae, make_train, ppo, summaries)
+                                checkpoint, gae, make_train, ppo, runs, summaries)
 from xrlflow_jax.configs import ppo as ppo_configs
+from xrlflow_jax.cost import model as cost_model
 from xrlflow_jax.env import GraphRewriteEnv
 from xrlflow_jax.harness import benchmark as B
 from xrlflow_jax.rules import RuleSet
@@ -487,6 +488,7 @@ _MULTI_DEVICE = textwrap.dedent("""
     from tests import test_agents as T
     from xrlflow_jax.agents import Agent, AgentConfig, PPOConfig, make_train
     from xrlflow_jax.configs import ppo as ppo_configs
+from xrlflow_jax.cost import model as cost_model
 from xrlflow_jax.env import GraphRewriteEnv
 from xrlflow_jax.harness import benchmark as B
     from xrlflow_jax.rules import RuleSet
@@ -569,3 +571,22 @@ def test_chunked_training_equals_one_call_and_stops_at_its_time_budget():
   assert cut.env_steps == 2 * batch and len(cut.metrics["loss"]) == 2
   assert int(cut.state.update) == 2
   assert any("stopped at the time budget" in s for s in lines)
+
+
+def test_training_environment_costs_with_a_kernel_table():
+  """runs.build(kernels=...): the environment's reward cost and node costs are the cost model
+  with those measured kernels (what the searches and the policy's rollouts use), not the
+  roofline's."""
+  graph, params = toy_graph()
+  keys = np.unique(np.asarray(jax.jit(cost_model.kernel_keys)(graph)))
+  keys = np.sort(keys[keys != cost_model.NO_KERNEL]).astype(np.uint32)
+  assert len(keys) >= 1  # the toy graph's MatMuls
+  table = cost.KernelTable(keys=jnp.asarray(keys), ms=jnp.full([len(keys)], 7.0, jnp.float32))
+  config = ppo_configs.get_config("test")
+  config.env.rules = RULES
+  run = runs.build(config, coeffs=COEFFS, pool=(["toy"], [graph], [params]), kernels=table)
+  with_table = float(cost.graph_cost(graph, COEFFS, kernels=table))
+  assert with_table != pytest.approx(float(cost.graph_cost(graph, COEFFS)))
+  assert float(jax.jit(run.env.cost_fn)(graph)) == pytest.approx(with_table, rel=1e-6)
+  np.testing.assert_allclose(np.asarray(jax.jit(run.env.node_cost_fn)(graph)),
+                             np.asarray(cost.node_costs(graph, COEFFS, kernels=table)), rtol=1e-6)

@@ -64,7 +64,7 @@ def load_cost(path: str) -> cost.CostCoefficients:
 def build(config: Any, devices: Sequence[jax.Device] | None = None,
           coeffs: cost.CostCoefficients | None = None, *,
           pool: tuple[Sequence[str], Sequence[Graph], Sequence[ParamStore]] | None = None,
-          ruleset: RuleSet | None = None) -> Run:
+          ruleset: RuleSet | None = None, kernels: cost.KernelTable | None = None) -> Run:
   """A Run from a config (see xrlflow_jax/configs/ppo.py): the one place an environment, agent
   and trainer are put together.
 
@@ -73,6 +73,8 @@ def build(config: Any, devices: Sequence[jax.Device] | None = None,
     coeffs: overrides the config's cost coefficients.
     pool: (names, graphs, params) to train on instead of loading `config.model`.
     ruleset: overrides `config.env.rules` / `max_locations`.
+    kernels: measured kernel times for the environment's cost model (`cost.KernelTimes.table()`;
+      kernels it lacks keep the roofline's estimate); None: the roofline alone.
   """
   names, graphs, params = pool if pool is not None else load_pool(config.model)
   coeffs = coeffs if coeffs is not None else load_cost(config.env.cost_coefficients)
@@ -80,10 +82,10 @@ def build(config: Any, devices: Sequence[jax.Device] | None = None,
     ruleset = workflow.ruleset(config.env.rules, int(config.env.max_locations))
 
   def cost_fn(g):
-    return cost.graph_cost(g, coeffs)
+    return cost.graph_cost(g, coeffs, kernels=kernels)
 
   def node_cost_fn(g):
-    return cost.node_costs(g, coeffs)
+    return cost.node_costs(g, coeffs, kernels=kernels)
 
   env = GraphRewriteEnv(list(graphs), ruleset, cost_fn, int(config.env.horizon),
                         reward_scale=float(config.env.reward_scale), node_cost_fn=node_cost_fn,

@@ -142,31 +142,60 @@ class TrainedPolicy:
 
 
 def build_run(names: Sequence[str], graphs: Sequence[Graph], params: Sequence[ParamStore],
-              config: Any, coeffs: cost.CostCoefficients, ruleset=None):
+              config: Any, coeffs: cost.CostCoefficients, ruleset=None, kernels=None):
   """An `agents.runs.Run` over given graphs (one capacity) with a config's env/agent/ppo fields
-  (see xrlflow_jax/configs/ppo.py); `ruleset` overrides `config.env.rules`/`max_locations`."""
-  return runs.build(config, coeffs=coeffs, pool=(names, graphs, params), ruleset=ruleset)
+  (see xrlflow_jax/configs/ppo.py); `ruleset` overrides `config.env.rules`/`max_locations`;
+  `kernels`: a `cost.KernelTable` for the environment's cost model."""
+  return runs.build(config, coeffs=coeffs, pool=(names, graphs, params), ruleset=ruleset,
+                    kernels=kernels)
+
+
+def fill_kernel_table(graphs: Sequence[Graph], params: Sequence[ParamStore], ruleset,
+                      coeffs: cost.CostCoefficients, kernels: cost.KernelTimes, budget: int,
+                      log: Log | None = None) -> cost.KernelTable:
+  """The kernel table a training environment costs with: the kernels of every graph a
+  TASO-style search of `budget` expansions meets from each of `graphs` (the search measures
+  the ones `kernels` lacks). Kernels an episode meets beyond those keep the roofline's
+  estimate inside the jitted environment, which cannot measure them."""
+  before = len(kernels)
+  t0 = time.perf_counter()
+  for g, p in zip(graphs, params):
+    search.optimize(g, p, "taso", ruleset, coeffs, measure=False, kernels=kernels,
+                    budget=budget)
+  if log:
+    log(f"kernel table for training: {len(kernels)} kernels ({len(kernels) - before} added by "
+        f"a TASO-style search of budget {budget} per graph, {time.perf_counter() - t0:.0f}s)")
+  return kernels.table()
 
 
 def train_ppo(names: Sequence[str], graphs: Sequence[Graph], params: Sequence[ParamStore],
               config: Any, coeffs: cost.CostCoefficients, ruleset=None,
               log: Log | None = None, *, max_seconds: float | None = None,
-              updates_per_chunk: int = 10) -> TrainedPolicy:
+              updates_per_chunk: int = 10, kernels: cost.KernelTimes | None = None,
+              kernel_budget: int = 200) -> TrainedPolicy:
   """Trains PPO on a pool of graphs, in jitted chunks of `updates_per_chunk` updates (the
   largest divisor of the run's updates not above it; one compile), logging after each chunk.
 
   max_seconds: a wall-clock budget (compile included): training stops after the first chunk
     that ends past it (None: the config's whole run). `TrainedPolicy.env_steps` says how far
     it got.
+  kernels: measured kernel times: the environment then costs with them (`fill_kernel_table`
+    with `kernel_budget`), as the searches and the policy's rollouts do; None: the roofline.
   """
   t0 = time.perf_counter()
-  run = build_run(names, graphs, params, config, coeffs, ruleset)
+  table = None
+  if kernels is not None:
+    rs = ruleset if ruleset is not None else workflow.ruleset(config.env.rules,
+                                                              int(config.env.max_locations))
+    table = fill_kernel_table(graphs, params, rs, coeffs, kernels, kernel_budget, log)
+  run = build_run(names, graphs, params, config, coeffs, ruleset, table)
   cfg = run.trainer.config
   if log:
     budget = f", stopping after {max_seconds:.0f}s" if max_seconds else ""
+    costs = "measured kernels" if table is not None else "the roofline"
     log(f"PPO on {list(names)} (capacity {G.capacity(graphs[0])}): {len(run.ruleset)} rules x "
         f"{run.ruleset.max_locations} locations, {cfg.num_updates} updates of {cfg.batch_size} "
-        f"steps{budget}")
+        f"steps{budget}; environment costs with {costs}")
   state = run.trainer.init(jax.random.PRNGKey(int(config.seed)))
   chunk = ppo.chunk_size(cfg.num_updates, updates_per_chunk)
   chunks: list[dict[str, np.ndarray]] = []
