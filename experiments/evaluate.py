@@ -6,7 +6,9 @@ r"""Generalisation (X-RLflow's claim): a policy trained on some graphs optimises
         --eval_shapes=default,image=160 --eval_batch_sizes=2 --train_timesteps=102400
 
 PPO is trained once on the pool --train_models (zoo names, ONNX paths or ../shared/models
-stems). The trained policy is then run, without further training, on every model of
+stems), in chunks of 10 updates with a progress line each, for --train_timesteps or until
+--train_minutes have passed; with --kernel_table (default) its environment costs with the
+measured kernel table, filled first by a TASO-style search of --taso_budget per training graph. The trained policy is then run, without further training, on every model of
 --train_models and --eval_models at every shape variant of --eval_shapes (zoo models: any
 integer field of their config, e.g. image=160, seq=32, frames=40; ONNX files: batch, image or
 seq) and of --eval_batch_sizes (batch=N; ONNX only, zoo models fold batch 1 away): once with the

@@ -176,9 +176,9 @@ def train_ppo(names: Sequence[str], graphs: Sequence[Graph], params: Sequence[Pa
   """Trains PPO on a pool of graphs, in jitted chunks of `updates_per_chunk` updates (the
   largest divisor of the run's updates not above it; one compile), logging after each chunk.
 
-  max_seconds: a wall-clock budget (compile included): training stops after the first chunk
-    that ends past it (None: the config's whole run). `TrainedPolicy.env_steps` says how far
-    it got.
+  max_seconds: a wall-clock budget (the kernel search and compiles included): training stops
+    after the first chunk that ends past it (None: the config's whole run).
+    `TrainedPolicy.env_steps` says how far it got.
   kernels: measured kernel times: the environment then costs with them (`fill_kernel_table`
     with `kernel_budget`), as the searches and the policy's rollouts do; None: the roofline.
   """
@@ -210,7 +210,7 @@ def train_ppo(names: Sequence[str], graphs: Sequence[Graph], params: Sequence[Pa
       ret = chunks[-1]["episode_return"]
       ret = float(np.nanmean(ret)) if np.isfinite(ret).any() else float("nan")
       log(f"  update {done}/{cfg.num_updates}: episode return {ret:.3f}, best cost ratio per "
-          f"graph {np.round(ratio, 4).tolist()} ({elapsed:.0f}s)")
+          f"graph {', '.join(f'{r:.4f}' for r in ratio)} ({elapsed:.0f}s)")
     if max_seconds is not None and elapsed > max_seconds and done < cfg.num_updates:
       if log:
         log(f"  stopped at the time budget ({max_seconds:.0f}s) after {done} of "
