@@ -8,7 +8,8 @@ r"""Generalisation (X-RLflow's claim): a policy trained on some graphs optimises
 PPO is trained once on the pool --train_models (zoo names, ONNX paths or ../shared/models
 stems), in chunks of 10 updates with a progress line each, for --train_timesteps or until
 --train_minutes have passed; with --kernel_table (default) its environment costs with the
-measured kernel table, filled first by a TASO-style search of --taso_budget per training graph. The trained policy is then run, without further training, on every model of
+measured kernel table, filled first by a TASO-style search of --taso_budget per training
+graph. The trained policy is then run, without further training, on every model of
 --train_models and --eval_models at every shape variant of --eval_shapes (zoo models: any
 integer field of their config, e.g. image=160, seq=32, frames=40; ONNX files: batch, image or
 seq) and of --eval_batch_sizes (batch=N; ONNX only, zoo models fold batch 1 away): once with the
@@ -67,7 +68,8 @@ _CAPACITY = flags.DEFINE_integer("capacity", 0, "Node slots of every graph (<= 0
                                  "workflow.fitted_capacity of the models).")
 _TIMESTEPS = flags.DEFINE_integer("train_timesteps", 16 * 32 * 100, "PPO environment steps.")
 _TRAIN_MINUTES = flags.DEFINE_float("train_minutes", 0.0, "Wall-clock budget of training, "
-                                    "compile included: it stops after the first chunk of "
+                                    "the kernel search and compiles included: it stops after "
+                                    "the first chunk of "
                                     "updates that ends past it (0: --train_timesteps in full).")
 _HORIZON = flags.DEFINE_integer("horizon", 50, "Episode length (training and evaluation).")
 _SAMPLES = flags.DEFINE_integer("samples", 8, "K of ppo-best-of-K.")

@@ -28,7 +28,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Sequence
+import time
+from typing import Any, Callable, Sequence
 
 import chex
 import jax
@@ -438,6 +439,40 @@ def chunk_size(num_updates: int, wanted: int) -> int:
   driver runs a training in (`Trainer.run(state, chunk)` compiles once per length)."""
   wanted = max(1, min(wanted, num_updates))
   return max(d for d in range(1, wanted + 1) if num_updates % d == 0)
+
+
+def train_in_chunks(trainer: Trainer, state: RunnerState, updates_per_chunk: int, *,
+                    max_seconds: float | None = None, started: float | None = None,
+                    on_chunk: Callable[[int, RunnerState, dict[str, np.ndarray], float], None]
+                    | None = None) -> tuple[RunnerState, dict[str, np.ndarray], int]:
+  """The rest of the trainer's run from `state` in jitted chunks (`chunk_size`, one compile).
+
+  Args:
+    updates_per_chunk: the wished chunk length.
+    max_seconds: stop after the first chunk that ends more than this after `started` (None: the
+      whole run); started: a `time.perf_counter()` (default: now).
+    on_chunk: called after each chunk with (updates done, state, that chunk's metrics, seconds
+      since `started`), e.g. to log progress.
+  Returns:
+    (state, metrics {name: float[updates run]}, updates done in all).
+  """
+  started = time.perf_counter() if started is None else started
+  total = trainer.config.num_updates
+  chunk = chunk_size(total, updates_per_chunk)
+  done = int(state.update)
+  chunks: list[dict[str, np.ndarray]] = []
+  while done < total:
+    state, m = trainer.run(state, chunk)
+    chunks.append({k: np.asarray(v) for k, v in m.items()})
+    done += chunk
+    elapsed = time.perf_counter() - started
+    if on_chunk is not None:
+      on_chunk(done, state, chunks[-1], elapsed)
+    if max_seconds is not None and elapsed > max_seconds:
+      break
+  metrics = {k: np.concatenate([c[k] for c in chunks]) for k in METRICS} if chunks else {
+      k: np.zeros([0], np.float32) for k in METRICS}
+  return state, metrics, done
 
 
 def make_train(config: PPOConfig, env: GraphRewriteEnv, agent: Agent,

@@ -197,27 +197,21 @@ def train_ppo(names: Sequence[str], graphs: Sequence[Graph], params: Sequence[Pa
         f"{run.ruleset.max_locations} locations, {cfg.num_updates} updates of {cfg.batch_size} "
         f"steps{budget}; environment costs with {costs}")
   state = run.trainer.init(jax.random.PRNGKey(int(config.seed)))
-  chunk = ppo.chunk_size(cfg.num_updates, updates_per_chunk)
-  chunks: list[dict[str, np.ndarray]] = []
-  done = 0
-  while done < cfg.num_updates:
-    state, m = run.trainer.run(state, chunk)
-    chunks.append({k: np.asarray(v) for k, v in m.items()})
-    done += chunk
-    elapsed = time.perf_counter() - t0
+
+  def progress(done, state, metrics, elapsed):
     if log:
       ratio = np.asarray(state.best_cost) / np.asarray(state.initial_cost)
-      ret = chunks[-1]["episode_return"]
+      ret = metrics["episode_return"]
       ret = float(np.nanmean(ret)) if np.isfinite(ret).any() else float("nan")
       log(f"  update {done}/{cfg.num_updates}: episode return {ret:.3f}, best cost ratio per "
           f"graph {', '.join(f'{r:.4f}' for r in ratio)} ({elapsed:.0f}s)")
-    if max_seconds is not None and elapsed > max_seconds and done < cfg.num_updates:
-      if log:
-        log(f"  stopped at the time budget ({max_seconds:.0f}s) after {done} of "
-            f"{cfg.num_updates} updates")
-      break
+  state, metrics, done = ppo.train_in_chunks(run.trainer, state, updates_per_chunk,
+                                             max_seconds=max_seconds, started=t0,
+                                             on_chunk=progress)
+  if log and done < cfg.num_updates:
+    log(f"  stopped at the time budget ({max_seconds:.0f}s) after {done} of "
+        f"{cfg.num_updates} updates")
   seconds = time.perf_counter() - t0
-  metrics = {k: np.concatenate([c[k] for c in chunks]) for k in chunks[0]}
   if log:
     log(f"PPO trained {done * cfg.batch_size} steps in {seconds:.1f}s (compile "
         f"included); final episode return {float(metrics['episode_return'][-1]):.3f}")

@@ -153,15 +153,14 @@ def train_ppo(loaded: Loaded, config: Any, coeffs: cost.CostCoefficients,
   t0 = time.perf_counter()
   state = trainer.init(jax.random.PRNGKey(int(config.seed)))
   total = trainer.config.num_updates
-  chunk = ppo.chunk_size(total, int(config.updates_per_chunk))
-  done = 0
-  while done < total:
-    state, metrics = trainer.run(state, chunk)
-    done += chunk
-    ret = float(np.nanmean(np.asarray(metrics["episode_return"])[-1:]))
+
+  def progress(done, state, metrics, elapsed):
+    ret = float(np.nanmean(metrics["episode_return"][-1:]))
     best = float(np.asarray(state.best_cost)[0] / np.asarray(state.initial_cost)[0])
     log(f"  ppo update {done}/{total}: return {ret:.3f}, best cost ratio {best:.4f} "
-        f"({time.perf_counter() - t0:.1f}s)")
+        f"({elapsed:.1f}s)")
+  state, _, _ = ppo.train_in_chunks(trainer, state, int(config.updates_per_chunk), started=t0,
+                                    on_chunk=progress)
   return trainer, ruleset, state, time.perf_counter() - t0
 
 
