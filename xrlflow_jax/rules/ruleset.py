@@ -67,6 +67,11 @@ class RuleSet:
   def __len__(self) -> int:
     return len(self.rules)
 
+  def __fingerprint__(self) -> tuple:
+    """What decides the traced match and apply (`trace_cache.fingerprint`): the rules and
+    the settings they were compiled with."""
+    return (self.rules, self.max_locations, self.compiled[0].join_window, self.max_anchors)
+
   @property
   def names(self) -> list[str]:
     return [r.name for r in self.rules]

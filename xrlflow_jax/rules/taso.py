@@ -242,6 +242,11 @@ class _Translation:
     self.r.where(self._constraint_jax)
     self.rule = self.r.build()
 
+  def __fingerprint__(self) -> tuple:
+    """`trace_cache.fingerprint`: a translation is a function of TASO's rule alone (its
+    dicts' order follows string hashing, which differs between processes)."""
+    return (self.t,)
+
   # ------------------------------------------------------------------ static ranks
   def _infer_ranks(self) -> tuple[dict[Key, int | None], dict[Key, bool]]:
     """Rank of every tensor of the rule where the ops fix it (None: free)."""

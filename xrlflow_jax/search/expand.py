@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from xrlflow_jax import trace_cache
 from xrlflow_jax.cost import incremental
 from xrlflow_jax.cost.kernel_table import KernelTimes
 from xrlflow_jax.cost import model as cost_model
@@ -173,8 +174,9 @@ class Expander:
   full model, pruned (exact on `apply_edit` outputs). Either way every cost equals
   `graph_cost` of the child.
 
-  `jax.jit` caches one executable per graph capacity (N, K) and bucket size, so a search
-  compiles a few (`trace_counts` counts traces).
+  Each jitted function has one instance per graph capacity (N, K) and bucket size, so a search
+  compiles a few (`trace_counts` counts them); they are `trace_cache.PersistentJit`s, so a
+  later process loads what this one traced instead of tracing it again.
 
   With `kernels`, MatMuls and convolutions cost their measured time (`cost.kernel_table`): an
   expanded or costed graph with a kernel the table does not have (the jitted cost says so) has
@@ -192,19 +194,28 @@ class Expander:
     self.ruleset = ruleset
     self.coeffs = coeffs
     self.kernels = kernels
-    self.trace_counts: dict[str, int] = {"costs": 0, "apply_at": 0, "cost": 0,
-                                         "match": 0, "identities": 0}
-    self._bucket = jax.jit(self._bucket_impl, static_argnames=("size",))
-    self._apply_at = jax.jit(self._apply_at_impl)
-    self._cost = jax.jit(self._cost_impl)
-    self._match = jax.jit(self._match_impl)
-    self._identities = jax.jit(self._identities_impl)
-    self._graph_hash = jax.jit(identity.graph_hash)
+    closure = (ruleset, coeffs)  # what the traced bodies close over (part of the disk key)
+    jit = trace_cache.PersistentJit
+    self._bucket = jit(self._bucket_impl, "search.bucket", closure, static_argnames=("size",))
+    self._apply_at = jit(self._apply_at_impl, "search.apply_at", closure)
+    self._cost = jit(self._cost_impl, "search.cost", closure)
+    self._match = jit(self._match_impl, "search.match", closure)
+    self._identities = jit(self._identities_impl, "search.identities")
+    self._graph_hash = jit(identity.graph_hash, "search.graph_hash")
     self.stats = ExpanderStats()
 
+  @property
+  def trace_counts(self) -> dict[str, int]:
+    """Compiled instances of each jitted function: traced in this process, or loaded from the
+    trace cache (`trace_cache`); one per capacity (and bucket size) is the goal."""
+    return {"costs": self._bucket.instances, "apply_at": self._apply_at.instances,
+            "cost": self._cost.instances, "match": self._match.instances,
+            "identities": self._identities.instances, "graph_hash": self._graph_hash.instances}
+
   def _call(self, fn, *args, **kwargs):
-    """Calls a jitted function; a call that traced is charged to `stats.compile_seconds`
-    (tracing, then compiling or loading from the persistent cache, and one run)."""
+    """Calls a jitted function; a call that made a new instance (traced, or loaded from the
+    trace cache) is charged to `stats.compile_seconds` (that, then compiling or loading from the
+    persistent compilation cache, and one run)."""
     before = sum(self.trace_counts.values())
     t = time.perf_counter()
     out = fn(*args, **kwargs)
@@ -230,24 +241,20 @@ class Expander:
   # ------------------------------------------------------------------ traced bodies
   def _cost_impl(self, graph: layout.Graph, table: cost_model.KernelTable | None
                  ) -> tuple[jax.Array, jax.Array]:
-    self.trace_counts["cost"] += 1
     return cost_model.graph_cost_and_misses(graph, self.coeffs, kernels=table)
 
   def _match_impl(self, graph: layout.Graph, table: cost_model.KernelTable | None
                   ) -> tuple[RuleSetMatch, jax.Array, jax.Array, jax.Array]:
-    self.trace_counts["match"] += 1
     match = self.ruleset.match(graph)
     current, missing = cost_model.graph_cost_and_misses(graph, self.coeffs, kernels=table)
     return match, match.mask.sum().astype(jnp.int32), current.astype(jnp.float32), missing
 
   def _identities_impl(self, graph: layout.Graph) -> jax.Array:
-    self.trace_counts["identities"] += 1
     return identity.identities(graph)
 
   def _bucket_impl(self, graph: layout.Graph, ids: jax.Array, match: RuleSetMatch,
                    table: cost_model.KernelTable | None, size: int):
     """Builds and costs the first `size` valid (rule, location) pairs of `match`."""
-    self.trace_counts["costs"] += 1
     rs = self.ruleset
     n = layout.capacity(graph)
     a = rs.num_actions
@@ -289,7 +296,6 @@ class Expander:
                      nodes: jax.Array) -> tuple[layout.Graph, jax.Array, jax.Array]:
     """(child, applied, child identities): one compiled edit serves `apply_at`, replays and
     the children a search rebuilds (`Children.child`)."""
-    self.trace_counts["apply_at"] += 1
     child, ok = self.ruleset.apply(graph, rule, nodes)
     return child, ok, identity.child_identities(graph, ids, child, self.ruleset.max_new)
 
@@ -313,7 +319,7 @@ class Expander:
 
   def graph_hash(self, graph: layout.Graph, ids: Any) -> int:
     """The identity hash of `graph` with node identities `ids` (an int, for `seen` sets)."""
-    return identity.as_ints(np.asarray(self._graph_hash(graph, ids))[None])[0]
+    return identity.as_ints(np.asarray(self._call(self._graph_hash, graph, ids))[None])[0]
 
   def expand(self, graph: layout.Graph,
              ids: Any | None = None) -> tuple[Expansion, Children]:

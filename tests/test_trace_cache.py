@@ -1,0 +1,219 @@
+"""The disk cache of traced functions (`trace_cache`): a later process loads what an earlier one
+traced and computes the same thing; anything that changes what tracing makes (closure data,
+static arguments, shapes, a module constant changed at run time) is a different entry; an
+unfingerprintable closure or a cache that is off is an ordinary jit; broken entries are traced
+again."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import types
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from xrlflow_jax import compilation_cache, cost, search, trace_cache
+from xrlflow_jax.cost import incremental
+from xrlflow_jax.rules import RuleSet
+from xrlflow_jax.rules.library import builtin_rules
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def cache_dir(tmp_path):
+  """A fresh compilation cache directory for this test (the trace cache lives inside it)."""
+  before = jax.config.jax_compilation_cache_dir
+  jax.config.update("jax_compilation_cache_dir", str(tmp_path))
+  yield tmp_path / trace_cache.SUBDIR
+  jax.config.update("jax_compilation_cache_dir", before)
+
+
+def _scaled(x, data):
+  return {"y": x * data["scale"] + incremental.MAX_CHANGED, "n": x.shape[0]}
+
+
+def _impl(x, data, *, n=1):
+  return jnp.tile(_scaled(x, data)["y"], n)
+
+
+def test_a_second_instance_loads_and_computes_the_same(cache_dir):
+  data = {"scale": np.float32(3.0)}
+  x = np.arange(4, dtype=np.float32)
+  first = trace_cache.PersistentJit(lambda x, *, n=1: _impl(x, data, n=n), "test.tile",
+                                    closure=data, static_argnames=("n",))
+  out = first(x, n=2)
+  assert (first.traces, first.loads) == (1, 0)
+  first(x + 1, n=2)  # same shapes: the same instance
+  assert first.instances == 1
+  assert len(list(cache_dir.glob("test.tile-*.bin"))) == 1
+
+  second = trace_cache.PersistentJit(lambda x, *, n=1: _impl(x, data, n=n), "test.tile",
+                                     closure={"scale": np.float32(3.0)}, static_argnames=("n",))
+  np.testing.assert_array_equal(second(x, n=2), out)
+  assert (second.traces, second.loads) == (0, 1)
+  np.testing.assert_array_equal(out, np.tile(x * 3 + incremental.MAX_CHANGED, 2))
+
+  # What changes the trace is a different entry: static argument, shape, dtype, closure data.
+  second(x, n=3)
+  second(np.arange(5, dtype=np.float32), n=2)
+  second(np.arange(4, dtype=np.int32), n=2)
+  assert (second.traces, second.loads) == (3, 1)
+  other = trace_cache.PersistentJit(lambda x, *, n=1: _impl(x, {"scale": np.float32(5)}, n=n),
+                                    "test.tile", closure={"scale": np.float32(5.0)},
+                                    static_argnames=("n",))
+  np.testing.assert_array_equal(other(x, n=2), np.tile(x * 5 + incremental.MAX_CHANGED, 2))
+  assert (other.traces, other.loads) == (1, 0)
+
+
+def test_a_module_constant_changed_at_run_time_is_a_different_entry(cache_dir, monkeypatch):
+  x = np.arange(4, dtype=np.float32)
+  data = {"scale": np.float32(1.0)}
+
+  def make():
+    # Named as a package function would be: the module walk starts from `_impl`'s module,
+    # so the closure names the cost module it reads.
+    return trace_cache.PersistentJit(lambda x: _scaled(x, data)["y"], "test.constant",
+                                     closure=(data, incremental.candidate_cost))
+
+  before = make()(x)
+  monkeypatch.setattr(incremental, "MAX_CHANGED", incremental.MAX_CHANGED + 100)
+  patched = make()
+  np.testing.assert_array_equal(patched(x), before + 100)  # not the stored trace
+  assert (patched.traces, patched.loads) == (1, 0)
+  monkeypatch.undo()
+  again = make()
+  np.testing.assert_array_equal(again(x), before)
+  assert again.loads == 1
+
+
+def test_unfingerprintable_closures_and_a_cache_that_is_off_are_plain_jits(cache_dir,
+                                                                          monkeypatch):
+  def local(v):  # defined outside the package: its globals are not in any key
+    return v + 1
+
+  with pytest.raises(trace_cache.Unfingerprintable, match="defined outside"):
+    trace_cache.fingerprint(local)
+  with pytest.raises(trace_cache.Unfingerprintable):
+    trace_cache.fingerprint(object())
+  x = np.ones(3, np.float32)
+  for _ in range(2):
+    f = trace_cache.PersistentJit(lambda v: local(v) * 2, "test.local", closure=local)
+    np.testing.assert_array_equal(f(x), 4 * x)
+    assert (f.traces, f.loads) == (1, 0)
+  assert not list(cache_dir.glob("test.local-*"))
+
+  monkeypatch.setattr(compilation_cache, "directory", lambda: None)  # the cache is off
+  assert trace_cache.directory() is None
+  for _ in range(2):
+    g = trace_cache.PersistentJit(lambda v: v * 3, "test.off", closure=None)
+    np.testing.assert_array_equal(g(x), 3 * x)
+    assert (g.traces, g.loads) == (1, 0)
+  assert not list(cache_dir.glob("test.off-*"))
+
+
+def test_a_broken_entry_is_traced_again_and_replaced(cache_dir):
+  x = np.ones(3, np.float32)
+  f = trace_cache.PersistentJit(lambda v: v - 1, "test.broken", closure=())
+  f(x)
+  (path,) = cache_dir.glob("test.broken-*.bin")
+  path.write_bytes(b"not a stored trace")
+  g = trace_cache.PersistentJit(lambda v: v - 1, "test.broken", closure=())
+  np.testing.assert_array_equal(g(x), x - 1)
+  assert (g.traces, g.loads) == (1, 0)
+  h = trace_cache.PersistentJit(lambda v: v - 1, "test.broken", closure=())
+  h(x)
+  assert h.loads == 1
+
+
+def test_fingerprints_tell_rule_sets_and_coefficients_apart():
+  rules = [r for r in builtin_rules() if r.family == "merge_matmul"][:3]
+  base = trace_cache.fingerprint(RuleSet(rules, max_locations=4))
+  assert trace_cache.fingerprint(RuleSet(rules, max_locations=4)) == base
+  assert trace_cache.fingerprint(RuleSet(rules, max_locations=8)) != base
+  assert trace_cache.fingerprint(RuleSet(rules[:2], max_locations=4)) != base
+  assert trace_cache.fingerprint(RuleSet(rules, max_locations=4, join_window=2)) != base
+  coeffs = cost.CostCoefficients(weights=jnp.ones(len(cost.FEATURE_NAMES)),
+                                 call_ms=jnp.float32(0.0))
+  bumped = cost.CostCoefficients(weights=jnp.ones(len(cost.FEATURE_NAMES)).at[3].set(1.5),
+                                 call_ms=jnp.float32(0.0))
+  assert trace_cache.fingerprint(coeffs) != trace_cache.fingerprint(bumped)
+  # Closures of functions count: the same code with another captured value differs.
+  assert trace_cache.fingerprint([_adder(1)]) != trace_cache.fingerprint([_adder(2)])
+  assert trace_cache.fingerprint([_adder(1)]) == trace_cache.fingerprint([_adder(1)])
+
+
+def _adder(k):
+  """`v + k` as if defined in the package, with `k` in a closure cell and as a default."""
+  cell = (lambda: lambda v, j=k: v + k + j)()  # pylint: disable=unnecessary-lambda
+  return types.FunctionType(cell.__code__, {"__name__": "xrlflow_jax.fake"}, "adder",
+                            cell.__defaults__, cell.__closure__)
+
+
+_RUN = """
+import json, sys
+import numpy as np
+from xrlflow_jax import compilation_cache, cost, search, trace_cache, workflow
+from xrlflow_jax.rules import RuleSet
+compilation_cache.enable(sys.argv[1])
+loaded = workflow.load("bert", size="tiny")
+rules = workflow.ruleset(["merge_matmul_shared_input_2", "add_commute", "concat_of_slices",
+                          "taso_73", "taso_77", "taso_79", "taso_91"], 4,
+                         taso_file_path=sys.argv[2])
+expander = search.Expander(rules, cost.calibrate.coefficients())
+res = search.taso(loaded.graph, loaded.params, expander, budget=4, alpha=1.05)
+exp, children = expander.expand(loaded.graph)
+valid = np.asarray(exp.valid)
+print(json.dumps({"cost": float(res.best_cost_ms), "rewrites": [r.to_json() for r in res.rewrites],
+                  "valid": np.flatnonzero(valid).tolist(),
+                  "costs": np.asarray(exp.cost)[valid].tolist(), "hashes": children.hashes,
+                  "children": [trace_cache.fingerprint(children.child(i))
+                               for i in range(len(children.actions))],
+                  "traces": sum(f.traces for f in (expander._bucket, expander._match,
+                                                    expander._apply_at)),
+                  "loads": sum(f.loads for f in (expander._bucket, expander._match,
+                                                  expander._apply_at)),
+                  "rules": trace_cache.fingerprint(rules), "n": len(rules)}))
+"""
+
+
+def test_a_search_in_a_new_process_loads_its_traces_and_finds_the_same(tmp_path, shared_dir):
+  """Two processes with different string hashing (PYTHONHASHSEED) search with TASO's rules and
+  built-in ones (on tiny BERT) and expand the input: the second traces
+  none of the search's functions (matcher, bucket, child rebuild) and returns the same
+  rewrites, cost, candidate costs, hashes and rebuilt children."""
+  taso = str(shared_dir / "taso" / "graph_subst.pb")
+  runs = []
+  for seed in ("1", "2"):
+    env = {**os.environ, "PYTHONHASHSEED": seed, "JAX_PLATFORMS": "cpu"}
+    env.pop("XRLFLOW_COMPILATION_CACHE", None)
+    done = subprocess.run([sys.executable, "-c", textwrap.dedent(_RUN), str(tmp_path), taso],
+                          capture_output=True, text=True, cwd=ROOT, env=env, timeout=900,
+                          check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
+  first, second = runs
+  assert first["rules"] == second["rules"]
+  assert first["traces"] >= 2 and first["loads"] == 0
+  assert second["traces"] == 0 and second["loads"] == first["traces"]
+  assert second["rewrites"] == first["rewrites"] and second["cost"] == first["cost"]
+  assert len(first["valid"]) >= 5 and first["rewrites"]  # candidates: costs, hashes, graphs
+  for key in ("valid", "costs", "hashes", "children"):
+    assert second[key] == first[key], key
+
+
+def test_old_entries_are_pruned(cache_dir, monkeypatch):
+  monkeypatch.setattr(trace_cache, "MAX_ENTRIES", 2)
+  monkeypatch.setattr(trace_cache._prune, "__defaults__", (2,))
+  x = np.ones(2, np.float32)
+  for k in range(4):
+    trace_cache.PersistentJit(lambda v, k=k: v * k, f"test.prune{k}", closure=k)(x)
+  assert sorted(p.name.split("-")[0] for p in cache_dir.glob("*.bin")) == ["test.prune2",
+                                                                         "test.prune3"]

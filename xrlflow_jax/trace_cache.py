@@ -1,0 +1,420 @@
+"""Traced functions kept on disk: a warm start skips Python tracing, not only XLA's compile.
+
+JAX's persistent compilation cache (`compilation_cache`) keys an executable by the lowered
+module, so every process still traces and lowers each function before it can find the
+executable: for the search's matcher and bucket that is 10-15 s of a warm optimise job on a
+2-core CPU. `PersistentJit` stores each traced-and-lowered function as a serialized
+`jax.export.Exported` beside that cache, keyed by everything that decides what tracing
+produces, and a later process loads it (milliseconds) and compiles it through the persistent
+compilation cache as before:
+
+    f = PersistentJit(impl, "search.bucket", closure=(ruleset, coeffs), static_argnames=("size",))
+    f(graph, ids, match, table, size=64)    # traced and stored once per machine
+
+The key (`fingerprint`) is: this file's format, the Python, jax, jaxlib and numpy versions, the
+backend and device kind, a hash of every source file of the package, the function's name, a
+deterministic fingerprint of the data its body closes over (`closure`: rule sets, cost
+coefficients...), the static arguments, the arguments' tree structure, shapes and dtypes, and
+the JAX options that change tracing (x64, default matmul precision, dtype promotion) and the
+precision policy, and the module-level constants and functions of the package modules the
+function and its closure reach (`module_state`: a setting changed at run time, or a test's
+monkeypatch, is a different key). A closure that cannot be fingerprinted deterministically (a function defined
+outside this package and the libraries, an object of an unknown type) turns the disk cache off
+for that function: it is then an ordinary `jax.jit`. Unreadable or stale entries are traced
+again and overwritten. The cache lives in `<compilation cache directory>/xrlflow_traces` and is
+off whenever the compilation cache is off.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import functools
+import hashlib
+import os
+import pickle
+import platform
+import sys
+import tempfile
+import types
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import jax
+import numpy as np
+
+from xrlflow_jax import compilation_cache
+
+FORMAT = 1  # bump when the stored layout or the key's meaning changes
+SUBDIR = "xrlflow_traces"
+MAX_ENTRIES = 256  # stored functions kept (the least recently used go first); ~0.3-2 MB each
+# Functions and types from these modules are fingerprinted by name (their versions, or this
+# package's source hash, are in the key); anything else defined outside them is not trusted.
+_TRUSTED_MODULES = ("xrlflow_jax", "jax", "jaxlib", "numpy", "builtins", "operator", "math",
+                    "functools", "jraph", "chex")
+_PACKAGE = Path(__file__).resolve().parent
+
+
+class Unfingerprintable(TypeError):
+  """A value whose fingerprint would not be the same in another process."""
+
+
+@functools.lru_cache(maxsize=None)
+def source_hash() -> str:
+  """sha256 of every .py file of the package (relative path and bytes), computed once."""
+  h = hashlib.sha256()
+  for path in sorted(_PACKAGE.rglob("*.py")):
+    h.update(str(path.relative_to(_PACKAGE)).encode())
+    h.update(path.read_bytes())
+  return h.hexdigest()
+
+
+def _trusted(module: str | None) -> bool:
+  return bool(module) and module.split(".")[0] in _TRUSTED_MODULES
+
+
+def fingerprint(value: Any, modules: set[str] | None = None) -> str:
+  """A sha256 of `value` that is equal in every process where `value` is built the same way.
+
+  Handles None, bools, numbers, strings, bytes, enums, numpy and jax arrays, tuples, lists,
+  dicts (in order), sets (sorted), dataclasses, named tuples, types, partials, and functions
+  and objects of trusted modules (a function: its module, name, code, defaults and closure
+  cells; an object: what its `__fingerprint__()` returns, else its type and attributes).
+  Cycles are named by first-visit order.
+
+  Args:
+    value: what to fingerprint.
+    modules: if given, the modules of the functions and types met are added to it.
+  Raises:
+    Unfingerprintable: for anything else (named in the message).
+  """
+  h = hashlib.sha256()
+  memo: dict[int, int] = {}
+  keep: list[Any] = []  # keeps visited objects alive so their ids are not reused
+
+  def put(*parts: Any) -> None:
+    for p in parts:
+      h.update(p if isinstance(p, bytes) else str(p).encode())
+      h.update(b"\x00")
+
+  def visit(v: Any) -> None:
+    if v is None or isinstance(v, (bool, str, bytes)):
+      put(type(v).__name__, repr(v))
+      return
+    if isinstance(v, enum.Enum):
+      put("enum", type(v).__module__, type(v).__qualname__, v.name, repr(v.value))
+      return
+    if isinstance(v, (int, float, complex, np.generic)):
+      put(type(v).__name__, repr(v))
+      return
+    if isinstance(v, (np.ndarray, jax.Array)):
+      a = np.asarray(v)
+      put("array", a.dtype.str, a.shape, hashlib.sha256(np.ascontiguousarray(a).tobytes())
+          .hexdigest())
+      return
+    if isinstance(v, type):
+      if not _trusted(v.__module__):
+        raise Unfingerprintable(f"type {v.__module__}.{v.__qualname__}")
+      put("type", v.__module__, v.__qualname__)
+      return
+    hook = getattr(type(v), "__fingerprint__", None)
+    if hook is not None:  # the object names what decides its behaviour
+      put("hooked", type(v).__module__, type(v).__qualname__)
+      if modules is not None:
+        modules.add(type(v).__module__)
+      visit(hook(v))
+      return
+    if id(v) in memo:
+      put("ref", memo[id(v)])
+      return
+    memo[id(v)] = len(memo)
+    keep.append(v)
+    if isinstance(v, (tuple, list)):
+      put(type(v).__name__, len(v))
+      if hasattr(v, "_fields"):  # a named tuple
+        put(type(v).__module__, type(v).__qualname__)
+      for x in v:
+        visit(x)
+    elif isinstance(v, dict):
+      put("dict", len(v))
+      for k, x in v.items():
+        visit(k)
+        visit(x)
+    elif isinstance(v, (set, frozenset)):
+      put("set", len(v))
+      for x in sorted(fingerprint(x) for x in v):
+        put(x)
+    elif isinstance(v, functools.partial):
+      put("partial")
+      visit(v.func)
+      visit(v.args)
+      visit(v.keywords)
+    elif isinstance(v, (types.FunctionType, types.MethodType)):
+      if isinstance(v, types.MethodType):
+        put("method")
+        visit(v.__self__)
+        v = v.__func__
+      if not _trusted(v.__module__):
+        raise Unfingerprintable(f"function {v.__module__}.{v.__qualname__} (defined outside "
+                                "this package: its globals are not part of the key)")
+      put("function", v.__module__, v.__qualname__)
+      if modules is not None:
+        modules.add(v.__module__)
+      visit_code(v.__code__)
+      visit(v.__defaults__)
+      visit(v.__kwdefaults__)
+      visit(tuple(c.cell_contents if _filled(c) else "<empty cell>"
+                  for c in (v.__closure__ or ())))
+    elif isinstance(v, types.BuiltinFunctionType):
+      put("builtin", getattr(v, "__module__", None), v.__qualname__)
+    elif isinstance(v, types.CodeType):
+      visit_code(v)
+    elif dataclasses.is_dataclass(v) or _trusted(type(v).__module__):
+      t = type(v)
+      if not _trusted(t.__module__):
+        raise Unfingerprintable(f"object of {t.__module__}.{t.__qualname__}")
+      put("object", t.__module__, t.__qualname__)
+      if modules is not None:
+        modules.add(t.__module__)
+      if dataclasses.is_dataclass(v):
+        fields = [(f.name, getattr(v, f.name)) for f in dataclasses.fields(v)]
+      elif hasattr(v, "__dict__"):
+        fields = list(vars(v).items())
+      else:
+        raise Unfingerprintable(f"object of {t.__module__}.{t.__qualname__} without fields")
+      for name, x in fields:
+        put(name)
+        visit(x)
+    else:
+      t = type(v)
+      raise Unfingerprintable(f"{t.__module__}.{t.__qualname__}")
+
+  def visit_code(code: types.CodeType) -> None:
+    put("code", code.co_name, code.co_code, code.co_names, code.co_varnames)
+    for c in code.co_consts:
+      visit(c)
+
+  visit(value)
+  return h.hexdigest()
+
+
+def module_state(modules: set[str]) -> str:
+  """sha256 of the module-level state that tracing can read and a process can change: in every
+  package module reachable from `modules` (through module globals), its UPPERCASE constants
+  of plain types and the module and name of each function and class it holds. A constant or
+  function replaced at run time (a setting, a test's monkeypatch) changes it; the source hash
+  covers the rest."""
+  h = hashlib.sha256()
+  todo = sorted(m for m in modules if m.split(".")[0] == _PACKAGE.name)
+  done: set[str] = set()
+  while todo:
+    name = todo.pop()
+    module = sys.modules.get(name)
+    if name in done or module is None:
+      continue
+    done.add(name)
+    h.update(f"module {name}\x00".encode())
+    for key, v in sorted(vars(module).items()):
+      if key.startswith("__"):
+        continue
+      if isinstance(v, types.ModuleType):
+        found, entry = v.__name__, v.__name__
+      elif isinstance(v, (types.FunctionType, type)):
+        found, entry = v.__module__, f"{v.__module__}.{v.__qualname__}"
+      elif key.isupper() and _plain(v):
+        found, entry = None, repr(v)
+      else:
+        continue
+      h.update(f"{key}={entry}\x00".encode())
+      if found and found.split(".")[0] == _PACKAGE.name and found not in done:
+        todo.append(found)
+  return h.hexdigest()
+
+
+def _plain(v: Any) -> bool:
+  if v is None or isinstance(v, (bool, int, float, str, bytes)):
+    return True
+  return isinstance(v, (tuple, frozenset)) and all(_plain(x) for x in v)
+
+
+def _filled(cell: Any) -> bool:
+  try:
+    cell.cell_contents  # pylint: disable=pointless-statement
+    return True
+  except ValueError:
+    return False
+
+
+@functools.lru_cache(maxsize=None)
+def _environment() -> tuple[str, ...]:
+  """What every key shares: versions, backend and the package's source."""
+  import jaxlib  # pylint: disable=g-import-not-at-top
+  device = jax.devices()[0]
+  return (f"format={FORMAT}", sys.version, platform.machine(), jax.__version__,
+          jaxlib.__version__, np.__version__, jax.default_backend(),
+          getattr(device, "device_kind", ""), source_hash())
+
+
+def _options() -> tuple[str, ...]:
+  """The JAX options and the precision policy in force (they change what tracing makes)."""
+  from xrlflow_jax.ops import precision  # pylint: disable=g-import-not-at-top
+  return (str(jax.config.jax_enable_x64), str(jax.config.jax_default_matmul_precision),
+          str(jax.config.jax_numpy_dtype_promotion), str(precision.current()))
+
+
+def directory() -> Path | None:
+  """Where traced functions are stored (None: the compilation cache, and so this, is off)."""
+  base = compilation_cache.directory()
+  return base / SUBDIR if base is not None else None
+
+
+def _spec(leaf: Any) -> jax.ShapeDtypeStruct:
+  aval = jax.typeof(leaf)
+  return jax.ShapeDtypeStruct(aval.shape, aval.dtype, weak_type=aval.weak_type)
+
+
+@dataclasses.dataclass
+class _Entry:
+  """One instance of a PersistentJit: a compiled callable over flat leaves."""
+  call: Callable[..., Sequence[Any]]
+  out_tree: Any
+
+
+class PersistentJit:
+  """`jax.jit(fn, static_argnames=...)` whose traced function is stored on disk (see module).
+
+  Calls must give the static arguments by keyword. Every distinct (static arguments, argument
+  structure, shapes, dtypes) is an instance: traced in this process (`traces`) or loaded from
+  the disk (`loads`); `instances` is their sum.
+
+  Args:
+    fn: the function to jit (it must not depend on anything outside its arguments, `closure`
+      and this package's source).
+    name: a stable name for the key (e.g. "search.bucket").
+    closure: the data `fn` closes over, fingerprinted into the key; an unfingerprintable
+      closure keeps this function off the disk.
+    static_argnames: keyword arguments that are static (hashable, part of the key).
+  """
+
+  def __init__(self, fn: Callable[..., Any], name: str, closure: Any = None,
+               static_argnames: Sequence[str] = ()):
+    self.fn = fn
+    self.name = name
+    self.closure = closure
+    self.static_argnames = tuple(static_argnames)
+    self.traces = 0
+    self.loads = 0
+    self._entries: dict[Any, _Entry] = {}
+    self._closure_key: str | None | bool = False  # False: not computed yet; None: untrusted
+    self._modules: set[str] = set()
+
+  @property
+  def instances(self) -> int:
+    return self.traces + self.loads
+
+  def __call__(self, *args: Any, **static: Any) -> Any:
+    unknown = set(static) - set(self.static_argnames)
+    if unknown:
+      raise TypeError(f"{self.name}: unknown static argument(s) {sorted(unknown)}")
+    leaves, in_tree = jax.tree_util.tree_flatten(args)
+    specs = tuple(_spec(x) for x in leaves)
+    local = (tuple(sorted(static.items())), in_tree,
+             tuple((s.shape, s.dtype, s.weak_type) for s in specs), _options())
+    entry = self._entries.get(local)
+    if entry is None:
+      entry = self._instance(in_tree, specs, static)
+      self._entries[local] = entry
+    return jax.tree_util.tree_unflatten(entry.out_tree, entry.call(*leaves))
+
+  def _flat(self, in_tree: Any, static: dict[str, Any], box: dict[str, Any]):
+    def flat(*leaves):
+      out = self.fn(*jax.tree_util.tree_unflatten(in_tree, leaves), **static)
+      out_leaves, box["out_tree"] = jax.tree_util.tree_flatten(out)
+      return out_leaves
+    return flat
+
+  def _closure_fingerprint(self) -> str | None:
+    """The closure's fingerprint and the state of the modules it and `fn` reach (None: not
+    fingerprintable)."""
+    if self._closure_key is False:
+      self._modules = {_module_of(self.fn)}
+      try:
+        self._closure_key = fingerprint(self.closure, self._modules)
+      except Unfingerprintable:
+        self._closure_key = None
+    if self._closure_key is None:
+      return None
+    return self._closure_key + module_state(self._modules)
+
+  def _instance(self, in_tree: Any, specs: tuple[jax.ShapeDtypeStruct, ...],
+                static: dict[str, Any]) -> _Entry:
+    box: dict[str, Any] = {}
+    folder = directory()
+    closure = self._closure_fingerprint() if folder is not None else None
+    if folder is None or closure is None:  # an ordinary jit
+      self.traces += 1
+      jitted = jax.jit(self._flat(in_tree, static, box))
+      out_tree = jax.eval_shape(jitted, *specs)  # traces once; jit reuses the trace
+      return _Entry(jitted, box["out_tree"] if box else jax.tree_util.tree_structure(out_tree))
+    key = hashlib.sha256("\x00".join(
+        (*_environment(), *_options(), self.name, closure, repr(sorted(static.items())),
+         str(in_tree), repr([(s.shape, s.dtype.str, s.weak_type) for s in specs]))).encode()
+    ).hexdigest()
+    path = folder / f"{self.name}-{key}.bin"
+    loaded = _read(path)
+    if loaded is not None:
+      self.loads += 1
+      exported, out_tree = loaded
+    else:
+      self.traces += 1
+      exported = jax.export.export(jax.jit(self._flat(in_tree, static, box)))(*specs)
+      out_tree = box["out_tree"]
+      _write(path, exported, out_tree)
+    return _Entry(jax.jit(exported.call), out_tree)
+
+
+def _module_of(fn: Any) -> str:
+  while isinstance(fn, functools.partial):
+    fn = fn.func
+  fn = getattr(fn, "__func__", fn)
+  return getattr(fn, "__module__", "") or ""
+
+
+def _read(path: Path) -> tuple[Any, Any] | None:
+  """(Exported, output tree) from `path`, or None when absent or unreadable; a read entry's
+  modification time becomes now (the pruning keeps the recently used)."""
+  try:
+    data = pickle.loads(path.read_bytes())
+    found = jax.export.deserialize(bytearray(data["exported"])), data["out_tree"]
+  except Exception:  # pylint: disable=broad-except  (absent, truncated or stale: trace again)
+    return None
+  try:
+    os.utime(path)
+  except OSError:
+    pass
+  return found
+
+
+def _prune(folder: Path, keep: int = MAX_ENTRIES) -> None:
+  """Deletes all but the `keep` most recently used entries (an edited package or new shapes
+  leave old ones behind)."""
+  try:
+    entries = sorted(folder.glob("*.bin"), key=lambda p: p.stat().st_mtime, reverse=True)
+    for stale in entries[keep:]:
+      stale.unlink()
+  except OSError:
+    pass
+
+
+def _write(path: Path, exported: Any, out_tree: Any) -> None:
+  """Stores atomically; a cache that cannot be written only costs the next process a trace."""
+  try:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = pickle.dumps({"exported": bytes(exported.serialize()), "out_tree": out_tree})
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+    with os.fdopen(fd, "wb") as f:
+      f.write(data)
+    os.replace(tmp, path)
+  except OSError:
+    return
+  _prune(path.parent)
