@@ -217,3 +217,69 @@ def test_old_entries_are_pruned(cache_dir, monkeypatch):
     trace_cache.PersistentJit(lambda v, k=k: v * k, f"test.prune{k}", closure=k)(x)
   assert sorted(p.name.split("-")[0] for p in cache_dir.glob("*.bin")) == ["test.prune2",
                                                                          "test.prune3"]
+
+
+def _toy_run(learning_rate: float = 2.5e-4, coeffs=None):
+  """A PPO run of the test config on a toy graph (4 rules), built afresh."""
+  from xrlflow_jax import GraphBuilder  # pylint: disable=g-import-not-at-top
+  from xrlflow_jax.agents import runs  # pylint: disable=g-import-not-at-top
+  from xrlflow_jax.configs import ppo as ppo_configs  # pylint: disable=g-import-not-at-top
+  b = GraphBuilder()
+  x = b.input([8, 16])
+  y = b.concat([b.matmul(x, b.weight([16, 16])), b.matmul(x, b.weight([16, 16]))], axis=1)
+  b.output(b.add(y, b.input([8, 32])))
+  graph, params = b.build(capacity=32)
+  config = ppo_configs.get_config("test")
+  config.env.rules = ("merge_matmul_shared_input_2", "split_matmul_shared_input_2",
+                      "concat_of_slices", "add_commute")
+  config.env.max_locations = 4
+  config.ppo.learning_rate = learning_rate
+  coeffs = coeffs if coeffs is not None else cost.CostCoefficients(
+      weights=jnp.ones(len(cost.FEATURE_NAMES)), call_ms=jnp.float32(0.0))
+  return runs.build(config, coeffs=coeffs, pool=(["toy"], [graph], [params]),
+                    devices=jax.devices()[:1])
+
+
+def test_a_ppo_trainer_is_fingerprinted_by_what_builds_it():
+  """Two trainers built from one config have one key; a setting of the config, the rule set or
+  the cost coefficients changes it; a cost function defined outside the package turns the disk
+  off (an ordinary jit)."""
+  first = _toy_run().trainer
+  assert trace_cache.fingerprint(first) == trace_cache.fingerprint(_toy_run().trainer)
+  assert trace_cache.fingerprint(first) != trace_cache.fingerprint(
+      _toy_run(learning_rate=1e-3).trainer)
+  run = _toy_run()
+  bumped = cost.CostCoefficients(weights=jnp.ones(len(cost.FEATURE_NAMES)).at[0].set(2.0),
+                                 call_ms=jnp.float32(0.0))
+  assert trace_cache.fingerprint(run.env) != trace_cache.fingerprint(
+      _toy_run(coeffs=bumped).env)
+  assert first.init.persist and first.run.persist
+  outside = (lambda g: cost.graph_cost(g, bumped))  # pylint: disable=unnecessary-lambda
+  with pytest.raises(trace_cache.Unfingerprintable):
+    trace_cache.fingerprint(dataclasses_replace_cost(run.env, outside))
+
+
+def dataclasses_replace_cost(env, cost_fn):
+  """`env` with another cost function (a shallow copy)."""
+  import copy  # pylint: disable=g-import-not-at-top
+  out = copy.copy(env)
+  out.cost_fn = cost_fn
+  return out
+
+
+@pytest.mark.slow  # two PPO compiles (~45 s on 2 CPU cores)
+def test_a_ppo_trainer_built_again_loads_its_programs_and_trains_the_same(cache_dir):
+  """The trainer's init and update chunk are stored (single device): a trainer built again from
+  the same config loads both and its state after two updates is bit-identical; another
+  learning rate is another key."""
+  first = _toy_run().trainer
+  s1, m1 = first.run(first.init(jax.random.PRNGKey(3)), 2)
+  assert (first.init.traces, first.run.traces) == (1, 1)
+  second = _toy_run().trainer
+  s2, m2 = second.run(second.init(jax.random.PRNGKey(3)), 2)
+  assert (second.init.loads, second.run.loads) == (1, 1)
+  assert (second.init.traces, second.run.traces) == (0, 0)
+  for a, b in zip(jax.tree_util.tree_leaves((s1, m1)), jax.tree_util.tree_leaves((s2, m2))):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  assert trace_cache.fingerprint(_toy_run(learning_rate=1e-3).trainer) != \
+      trace_cache.fingerprint(first)

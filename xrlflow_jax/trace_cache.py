@@ -283,9 +283,10 @@ class _Entry:
 class PersistentJit:
   """`jax.jit(fn, static_argnames=...)` whose traced function is stored on disk (see module).
 
-  Calls must give the static arguments by keyword. Every distinct (static arguments, argument
-  structure, shapes, dtypes) is an instance: traced in this process (`traces`) or loaded from
-  the disk (`loads`); `instances` is their sum.
+  Static arguments are given by keyword (`static_argnames`) or at the positions
+  `static_argnums`. Every distinct (static arguments, argument structure, shapes, dtypes) is an
+  instance: traced in this process (`traces`) or loaded from the disk (`loads`); `instances`
+  is their sum.
 
   Args:
     fn: the function to jit (it must not depend on anything outside its arguments, `closure`
@@ -293,15 +294,21 @@ class PersistentJit:
     name: a stable name for the key (e.g. "search.bucket").
     closure: the data `fn` closes over, fingerprinted into the key; an unfingerprintable
       closure keeps this function off the disk.
-    static_argnames: keyword arguments that are static (hashable, part of the key).
+    static_argnames, static_argnums: static arguments (hashable, part of the key).
+    compiler_options: XLA options of the compiled function (part of the key).
+    persist: False keeps it off the disk (an ordinary jit), e.g. for sharded programs.
   """
 
   def __init__(self, fn: Callable[..., Any], name: str, closure: Any = None,
-               static_argnames: Sequence[str] = ()):
+               static_argnames: Sequence[str] = (), static_argnums: Sequence[int] = (),
+               compiler_options: dict[str, Any] | None = None, persist: bool = True):
     self.fn = fn
     self.name = name
     self.closure = closure
     self.static_argnames = tuple(static_argnames)
+    self.static_argnums = tuple(static_argnums)
+    self.compiler_options = dict(compiler_options) if compiler_options else None
+    self.persist = persist
     self.traces = 0
     self.loads = 0
     self._entries: dict[Any, _Entry] = {}
@@ -316,6 +323,9 @@ class PersistentJit:
     unknown = set(static) - set(self.static_argnames)
     if unknown:
       raise TypeError(f"{self.name}: unknown static argument(s) {sorted(unknown)}")
+    if self.static_argnums:
+      static = {**static, **{f"#{i}": args[i] for i in self.static_argnums}}
+      args = tuple(a for i, a in enumerate(args) if i not in self.static_argnums)
     leaves, in_tree = jax.tree_util.tree_flatten(args)
     specs = tuple(_spec(x) for x in leaves)
     local = (tuple(sorted(static.items())), in_tree,
@@ -327,10 +337,17 @@ class PersistentJit:
     return jax.tree_util.tree_unflatten(entry.out_tree, entry.call(*leaves))
 
   def _flat(self, in_tree: Any, static: dict[str, Any], box: dict[str, Any]):
+    named = {k: v for k, v in static.items() if not k.startswith("#")}
+    positional = sorted((int(k[1:]), v) for k, v in static.items() if k.startswith("#"))
+
     def flat(*leaves):
-      out = self.fn(*jax.tree_util.tree_unflatten(in_tree, leaves), **static)
+      args = list(jax.tree_util.tree_unflatten(in_tree, leaves))
+      for i, v in positional:
+        args.insert(i, v)
+      out = self.fn(*args, **named)
       out_leaves, box["out_tree"] = jax.tree_util.tree_flatten(out)
       return out_leaves
+    flat.__name__ = flat.__qualname__ = self.name.replace(".", "_")  # names it in JAX's logs
     return flat
 
   def _closure_fingerprint(self) -> str | None:
@@ -349,15 +366,17 @@ class PersistentJit:
   def _instance(self, in_tree: Any, specs: tuple[jax.ShapeDtypeStruct, ...],
                 static: dict[str, Any]) -> _Entry:
     box: dict[str, Any] = {}
-    folder = directory()
+    folder = directory() if self.persist else None
     closure = self._closure_fingerprint() if folder is not None else None
+    jit = functools.partial(jax.jit, compiler_options=self.compiler_options)
     if folder is None or closure is None:  # an ordinary jit
       self.traces += 1
-      jitted = jax.jit(self._flat(in_tree, static, box))
+      jitted = jit(self._flat(in_tree, static, box))
       out_tree = jax.eval_shape(jitted, *specs)  # traces once; jit reuses the trace
       return _Entry(jitted, box["out_tree"] if box else jax.tree_util.tree_structure(out_tree))
     key = hashlib.sha256("\x00".join(
         (*_environment(), *_options(), self.name, closure, repr(sorted(static.items())),
+         repr(sorted((self.compiler_options or {}).items())),
          str(in_tree), repr([(s.shape, s.dtype.str, s.weak_type) for s in specs]))).encode()
     ).hexdigest()
     path = folder / f"{self.name}-{key}.bin"
@@ -367,10 +386,12 @@ class PersistentJit:
       exported, out_tree = loaded
     else:
       self.traces += 1
-      exported = jax.export.export(jax.jit(self._flat(in_tree, static, box)))(*specs)
+      exported = jax.export.export(jit(self._flat(in_tree, static, box)))(*specs)
       out_tree = box["out_tree"]
       _write(path, exported, out_tree)
-    return _Entry(jax.jit(exported.call), out_tree)
+    call = functools.partial(exported.call)
+    call.__name__ = call.__qualname__ = self.name.replace(".", "_")  # type: ignore[attr-defined]
+    return _Entry(jit(call), out_tree)
 
 
 def _module_of(fn: Any) -> str:

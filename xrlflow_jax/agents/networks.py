@@ -461,6 +461,10 @@ class Agent:
     self.network = ActorCritic(config.head, len(ruleset), ruleset.max_locations, config.hidden,
                                config.layers, config.heads, config.remat)
 
+  def __fingerprint__(self) -> tuple:
+    """`trace_cache.fingerprint`: the network is built from these."""
+    return (self.ruleset, self.node_cost_fn, self.config)
+
   def _node_costs(self, obs: Any) -> jax.Array:
     """float32[N]: the observation's node costs (computed once per step by the environment),
     or, for observations without them, `node_cost_fn` of the graph."""

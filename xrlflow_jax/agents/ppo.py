@@ -38,6 +38,7 @@ import numpy as np
 import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from xrlflow_jax import trace_cache
 from xrlflow_jax.agents.distributions import MaskedCategorical
 from xrlflow_jax.agents.gae import gae
 from xrlflow_jax.agents.networks import Agent, AgentError
@@ -229,13 +230,24 @@ class Trainer:
     self.compiler_options = compiler_options(devices) if xla_options == "auto" else xla_options
     jit = functools.partial(jax.jit, compiler_options=self.compiler_options)
     self.jit = jit
-    self.init = jit(self._init)
+    # The two programs every driver compiles are stored on disk (`trace_cache`): a later
+    # process loads them instead of tracing (single-device runs; sharded ones are traced).
+    persist = len(devices) == 1
+    self.init = trace_cache.PersistentJit(self._init, "ppo.init", self,
+                                          compiler_options=self.compiler_options, persist=persist)
     self.update = jit(self._update)
-    self.run = jit(self._run, static_argnums=1)
+    self.run = trace_cache.PersistentJit(self._run, "ppo.run", self, static_argnums=(1,),
+                                         compiler_options=self.compiler_options, persist=persist)
     self.train = jit(self._train)
     self.init_seeds = jit(jax.vmap(self._init))
     self.run_seeds = jit(jax.vmap(self._run, in_axes=(0, None)), static_argnums=1)
     self.train_seeds = jit(jax.vmap(self._train))
+
+  def __fingerprint__(self) -> tuple:
+    """What decides the traced programs (`trace_cache.fingerprint`); the optimiser, schedule
+    and wrappers are built from these."""
+    return (self.config, self.env, self.agent, self.compiler_options,
+            [(d.platform, getattr(d, "device_kind", "")) for d in self.devices])
 
   def __call__(self, key: jax.Array) -> tuple[RunnerState, dict[str, jax.Array]]:
     """The whole run: (final RunnerState, metrics {name: float32[num_updates]})."""

@@ -133,6 +133,11 @@ class GraphRewriteEnv:
     self.max_inputs = int(pool.senders.shape[1]) // self.num_slots
     self._initial: tuple | None = None
 
+  def __fingerprint__(self) -> tuple:
+    """`trace_cache.fingerprint`: everything but the cache of initial states (derived)."""
+    return (self.pool, self.ruleset, self.cost_fn, self.node_cost_fn, self.horizon,
+            self.reward_scale, self.exact_candidate_delta, self.max_candidates)
+
   # ------------------------------------------------------------------ specs
   @property
   def num_actions(self) -> int:
