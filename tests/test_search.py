@@ -436,6 +436,26 @@ def test_clear_errors(toy, ruleset, expander):
     search.replay(graph, ruleset, res.rewrites[1:])  # the second step alone
 
 
+def test_prepare_compiles_in_the_background_and_changes_nothing(toy, ruleset, expander):
+  """`Expander.prepare` (what `search.optimize` starts with) makes each function's one instance
+  in background threads; the search then finds what it finds without it, and nothing is left
+  compiling after the first expansion. A batch it leaves to the drivers to refuse."""
+  graph, params = toy
+  fresh = search.Expander(ruleset, COEFFS)
+  batch = jax.tree_util.tree_map(lambda x: np.stack([x, x]), graph)
+  fresh.prepare(batch)
+  assert not fresh._pending  # pylint: disable=protected-access
+  fresh.prepare(graph)
+  res = search.taso(graph, params, fresh, budget=8, alpha=1.2)
+  assert not fresh._pending  # pylint: disable=protected-access
+  counts = fresh.trace_counts
+  assert all(counts[k] == 1 for k in ("match", "apply_at", "cost", "identities", "costs")), \
+      counts
+  ref = search.taso(graph, params, expander, budget=8, alpha=1.2)
+  assert res.best_cost_ms == ref.best_cost_ms == pytest.approx(OPTIMUM)
+  assert [r.to_json() for r in res.rewrites] == [r.to_json() for r in ref.rewrites]
+
+
 def test_expander_compiled_once_per_capacity(toy, expander):
   """Runs last: every search of this module went through one trace of each function."""
   graph, params = toy

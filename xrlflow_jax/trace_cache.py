@@ -36,6 +36,7 @@ import pickle
 import platform
 import sys
 import tempfile
+import threading
 import types
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -269,15 +270,20 @@ def directory() -> Path | None:
 
 
 def _spec(leaf: Any) -> jax.ShapeDtypeStruct:
+  if isinstance(leaf, jax.ShapeDtypeStruct):
+    return leaf
   aval = jax.typeof(leaf)
   return jax.ShapeDtypeStruct(aval.shape, aval.dtype, weak_type=aval.weak_type)
 
 
 @dataclasses.dataclass
 class _Entry:
-  """One instance of a PersistentJit: a compiled callable over flat leaves."""
+  """One instance of a PersistentJit: a callable over flat leaves (`jitted`, or its compiled
+  executable once `prepare` compiled it) and the output's tree structure."""
   call: Callable[..., Sequence[Any]]
   out_tree: Any
+  jitted: Callable[..., Sequence[Any]]
+  compiled: bool = False
 
 
 class PersistentJit:
@@ -312,6 +318,7 @@ class PersistentJit:
     self.traces = 0
     self.loads = 0
     self._entries: dict[Any, _Entry] = {}
+    self._lock = threading.Lock()
     self._closure_key: str | None | bool = False  # False: not computed yet; None: untrusted
     self._modules: set[str] = set()
 
@@ -320,6 +327,18 @@ class PersistentJit:
     return self.traces + self.loads
 
   def __call__(self, *args: Any, **static: Any) -> Any:
+    entry, leaves = self._entry(args, static)
+    return jax.tree_util.tree_unflatten(entry.out_tree, entry.call(*leaves))
+
+  def prepare(self, *args: Any, **static: Any) -> None:
+    """Makes and compiles the instance for these arguments (arrays or `jax.ShapeDtypeStruct`s)
+    without running it: what a background thread does while another one traces (XLA compiles
+    without holding Python's lock)."""
+    entry, _ = self._entry(args, static, compile_now=True)
+    del entry
+
+  def _entry(self, args: tuple[Any, ...], static: dict[str, Any], compile_now: bool = False
+             ) -> tuple[_Entry, list[Any]]:
     unknown = set(static) - set(self.static_argnames)
     if unknown:
       raise TypeError(f"{self.name}: unknown static argument(s) {sorted(unknown)}")
@@ -331,10 +350,16 @@ class PersistentJit:
     local = (tuple(sorted(static.items())), in_tree,
              tuple((s.shape, s.dtype, s.weak_type) for s in specs), _options())
     entry = self._entries.get(local)
-    if entry is None:
-      entry = self._instance(in_tree, specs, static)
-      self._entries[local] = entry
-    return jax.tree_util.tree_unflatten(entry.out_tree, entry.call(*leaves))
+    if entry is None or (compile_now and not entry.compiled):
+      with self._lock:  # one thread makes an instance; a caller meanwhile waits for it
+        entry = self._entries.get(local)
+        if entry is None:
+          entry = self._instance(in_tree, specs, static)
+        if compile_now and not entry.compiled:
+          entry = _Entry(entry.jitted.lower(*specs).compile(), entry.out_tree, entry.jitted,
+                         True)
+        self._entries[local] = entry
+    return entry, leaves
 
   def _flat(self, in_tree: Any, static: dict[str, Any], box: dict[str, Any]):
     named = {k: v for k, v in static.items() if not k.startswith("#")}
@@ -373,7 +398,8 @@ class PersistentJit:
       self.traces += 1
       jitted = jit(self._flat(in_tree, static, box))
       out_tree = jax.eval_shape(jitted, *specs)  # traces once; jit reuses the trace
-      return _Entry(jitted, box["out_tree"] if box else jax.tree_util.tree_structure(out_tree))
+      return _Entry(jitted, box["out_tree"] if box else jax.tree_util.tree_structure(out_tree),
+                    jitted)
     key = hashlib.sha256("\x00".join(
         (*_environment(), *_options(), self.name, closure, repr(sorted(static.items())),
          repr(sorted((self.compiler_options or {}).items())),
@@ -391,7 +417,8 @@ class PersistentJit:
       _write(path, exported, out_tree)
     call = functools.partial(exported.call)
     call.__name__ = call.__qualname__ = self.name.replace(".", "_")  # type: ignore[attr-defined]
-    return _Entry(jit(call), out_tree)
+    jitted = jit(call)
+    return _Entry(jitted, out_tree, jitted)
 
 
 def _module_of(fn: Any) -> str:

@@ -122,10 +122,14 @@ def optimize(graph: layout.Graph, params: ParamStore, method: str = "taso",
     if missing:
       raise SearchError(f"method 'policy' needs {' and '.join(m + '=' for m in missing)}")
   compilation_cache.enable()
+  expander.prepare(graph)  # compiles in the background while the driver starts
   compiled_before = expander.stats.compile_seconds
   kernel_before = expander.stats.kernel_seconds
-  result = driver(graph, params, expander, measure=measure, seed=seed,
-                  measure_options=measure_options, **options)
+  try:
+    result = driver(graph, params, expander, measure=measure, seed=seed,
+                    measure_options=measure_options, **options)
+  finally:
+    expander.drain()
   result.options["compile_seconds"] = expander.stats.compile_seconds - compiled_before
   result.options["rules"] = len(expander.ruleset)
   if expander.kernels is not None:

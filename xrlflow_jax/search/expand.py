@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Any, Callable, Sequence
 
+import concurrent.futures
+import contextvars
 import dataclasses
 import time
 
@@ -99,6 +101,11 @@ class Children:
     seen.add(self.hashes[i])
     return i
 
+
+# Background compiles of `Expander.prepare`: two threads (one traces while XLA compiles in the
+# other, which releases Python's lock).
+_BACKGROUND = concurrent.futures.ThreadPoolExecutor(max_workers=2,
+                                                    thread_name_prefix="xrlflow-compile")
 
 # A graph is better only if cheaper by this relative margin: candidates costed inside one jitted
 # call and graphs costed alone differ by float rounding, and noise is not a gain.
@@ -203,6 +210,35 @@ class Expander:
     self._identities = jit(self._identities_impl, "search.identities")
     self._graph_hash = jit(identity.graph_hash, "search.graph_hash")
     self.stats = ExpanderStats()
+    self._pending: list[concurrent.futures.Future] = []
+
+  def prepare(self, graph: layout.Graph) -> None:
+    """Starts compiling, in background threads, the functions every search of `graph`'s
+    capacity needs before its first bucket (the match first, then the child rebuild, cost,
+    identities and hash): XLA compiles one while Python traces the next, so a cold search
+    waits for the longest of them instead of their sum. Calls wait for what they need; the
+    first expansion, and any kernel measurement, waits for all of it (nothing compiles
+    beside a timing). A graph the drivers would refuse is left to them."""
+    try:
+      graph = check_graph(graph, self.ruleset)
+    except SearchError:
+      return
+    n = layout.capacity(graph)
+    ids = jax.ShapeDtypeStruct((n, identity.LANES), jnp.uint32)
+    rule = jax.ShapeDtypeStruct((), jnp.int32)
+    nodes = jax.ShapeDtypeStruct((self.ruleset.num_bound,), jnp.int32)
+    table = self._kernel_table()
+    jobs = [(self._match, (graph, table)), (self._apply_at, (graph, ids, rule, nodes)),
+            (self._cost, (graph, table)), (self._identities, (graph,)),
+            (self._graph_hash, (graph, ids))]
+    self._pending += [_BACKGROUND.submit(contextvars.copy_context().run, fn.prepare, *args)
+                      for fn, args in jobs]  # in this thread's context (precision scope)
+
+  def drain(self) -> None:
+    """Waits for the background compiles `prepare` started (their errors are left to the
+    calls that need them)."""
+    pending, self._pending = self._pending, []
+    concurrent.futures.wait(pending)
 
   @property
   def trace_counts(self) -> dict[str, int]:
@@ -344,6 +380,7 @@ class Expander:
     size = bucket_size(count, self.num_actions)
     valid, cost, idx, ok, exact, hashes, hashed, missing = self._call(
         self._bucket, graph, ids, match, table, size=size)
+    self.drain()  # nothing compiles in the background past the first expansion
     self.stats.candidates.append(count)
     self.stats.buckets.add(size)
     actions = np.asarray(idx)[:count]
@@ -407,6 +444,7 @@ class Expander:
   def _measure_kernels(self, graph: layout.Graph) -> cost_model.KernelTable:
     """Adds every kernel of `graph` to the table (measured now or from the profiler's cache);
     returns the table."""
+    self.drain()  # kernels are timed on a machine that compiles nothing beside them
     t = time.perf_counter()
     self.stats.kernels_added += self.kernels.add(graph)
     self.stats.kernel_seconds += time.perf_counter() - t
