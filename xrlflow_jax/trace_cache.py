@@ -382,7 +382,7 @@ class PersistentJit:
       self._modules = {_module_of(self.fn)}
       try:
         self._closure_key = fingerprint(self.closure, self._modules)
-      except Unfingerprintable:
+      except (Unfingerprintable, RecursionError):  # not deterministic, or too deep: no disk
         self._closure_key = None
     if self._closure_key is None:
       return None
