@@ -256,10 +256,10 @@ def test_a_ppo_trainer_is_fingerprinted_by_what_builds_it():
   assert first.init.persist and first.run.persist
   outside = (lambda g: cost.graph_cost(g, bumped))  # pylint: disable=unnecessary-lambda
   with pytest.raises(trace_cache.Unfingerprintable):
-    trace_cache.fingerprint(dataclasses_replace_cost(run.env, outside))
+    trace_cache.fingerprint(_with_cost_fn(run.env, outside))
 
 
-def dataclasses_replace_cost(env, cost_fn):
+def _with_cost_fn(env, cost_fn):
   """`env` with another cost function (a shallow copy)."""
   import copy  # pylint: disable=g-import-not-at-top
   out = copy.copy(env)
