@@ -12,7 +12,7 @@ from xrlflow_jax import cost, executor, models
 from xrlflow_jax import graph as G
 from xrlflow_jax.env import (AutoResetWrapper, EnvError, GraphRewriteEnv, LoggingWrapper, StepType,
                              VmapWrapper)
-from xrlflow_jax.rules import RuleSet
+from xrlflow_jax.rules import RuleSet, graph_op_counts, op_count_bounds
 from xrlflow_jax.rules.library import builtin_rules
 
 CAPACITY = 256
@@ -223,3 +223,50 @@ def test_benchmark_policy_only_takes_valid_actions():
   actions = np.asarray(jax.jit(jax.vmap(random_valid_action))(keys, jnp.asarray(masks)))
   assert masks[np.arange(64), actions].all()
   assert len(set(actions.tolist())) > 3  # not stuck on the stop action
+
+
+def test_env_prunes_its_pool_and_never_matches_rules_that_cannot_fire(pool):
+  """The pool's dead nodes are freed at construction and every graph of a random walk stays
+  pruned (so `graph_cost(pruned=True)`, which the benchmark and training use, is exact); the
+  rules the environment does not match (their ops cannot occur) would have found nothing."""
+  b = G.GraphBuilder(seed=0)
+  x = b.input((4, 8), name="x")
+  h = b.dense(x, 16, activation="relu")
+  y = b.softmax(b.dense(h, 8))
+  b.tanh(b.matmul(h, b.weight((16, 3))))  # no output reads it
+  b.output(y)
+  mlp, _ = b.build(capacity=CAPACITY)
+  rules = [r for r in builtin_rules() if r.name in RULE_NAMES]
+  ruleset = RuleSet(rules, max_locations=16)
+  env = GraphRewriteEnv([pool[0][0], mlp], ruleset, _cost, horizon=20,
+                        node_cost_fn=lambda g: cost.node_costs(g, COEFFS, pruned=True))
+  assert env.firing_rules is not None and 0 < len(env.firing_rules) < len(ruleset)
+  assert "merge_conv_shared_input_bias" not in {ruleset.names[i] for i in env.firing_rules}
+  assert G.num_nodes(jax.tree_util.tree_map(lambda a: a[1], env.pool)) == G.num_nodes(mlp) - 3
+  firing = [ruleset.rules[i] for i in sorted(env.firing_rules)]
+  max_anchors = 64  # max(64, CAPACITY // 4)
+  assert min(env.anchor_caps.values()) < max_anchors  # the caps do cut work
+  start = [graph_op_counts([jax.tree_util.tree_map(lambda a, i=i: a[i], env.pool)])
+           for i in range(env.pool_size)]
+  venv = VmapWrapper(AutoResetWrapper(env))
+  reset, step = jax.jit(venv.reset), jax.jit(venv.step)
+  full_match = jax.jit(jax.vmap(ruleset.match))
+  costs = jax.jit(jax.vmap(lambda g: jnp.stack([cost.graph_cost(g, COEFFS),
+                                                cost.graph_cost(g, COEFFS, pruned=True)])))
+  state, ts = reset(jax.random.split(jax.random.PRNGKey(3), 8))
+  rng = np.random.default_rng(3)
+  for _ in range(25):
+    full = full_match(state.graph)
+    np.testing.assert_array_equal(np.asarray(full.mask), np.asarray(state.match.mask))
+    np.testing.assert_array_equal(np.asarray(full.nodes), np.asarray(state.match.nodes))
+    both = np.asarray(costs(state.graph))
+    np.testing.assert_allclose(both[:, 1], both[:, 0], rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(state.cost), both[:, 0], rtol=1e-6)
+    for b in range(8):  # every op within its bound after the episode's rewrites so far
+      g = jax.tree_util.tree_map(lambda a, b=b: a[b], state.graph)
+      bound = op_count_bounds(firing, start[int(state.graph_index[b])],
+                              int(state.num_rewrites[b]))
+      assert all(k <= bound[op] for op, k in graph_op_counts([g]).items())
+    masks = np.asarray(ts.observation.action_mask)
+    actions = np.array([_valid_action(m, rng) for m in masks], np.int32)
+    state, ts = step(state, jnp.asarray(actions))

@@ -9,8 +9,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from xrlflow_jax import cost, executor, models
+from xrlflow_jax import cost, executor, models, rules
 from xrlflow_jax.cost import incremental
+from xrlflow_jax.ops import Op
 from xrlflow_jax import graph as G
 from xrlflow_jax.rules import RuleSet
 from xrlflow_jax.rules.library import builtin_rules
@@ -199,6 +200,34 @@ def test_ruleset_vmap_matches_per_graph_and_traces_once():
     np.testing.assert_array_equal(out.mask[i], single.mask)
     np.testing.assert_array_equal(out.nodes[i], single.nodes)
     np.testing.assert_array_equal(out.found[i], single.found)
+
+
+def test_match_hints_skip_rules_and_cap_anchors_as_told():
+  """`only` leaves the other rules empty and matches the rest as before; `anchor_caps` at the
+  graph's own op counts changes nothing, and a cap below a count examines fewer nodes and
+  says how many it skipped."""
+  subset = RuleSet([BY_NAME[n] for n in (
+      "merge_matmul_shared_input_2", "merge_matmul_shared_input_3", "add_commute",
+      "merge_conv_shared_input")], max_locations=16)
+  g = models.build("bert", "tiny", capacity=256)[0]
+  full = subset.jit_match(g)
+  counts = rules.graph_op_counts([g])
+  only = rules.firing_rules(subset.rules, counts)
+  assert subset.index("merge_conv_shared_input") not in only  # no convolution in BERT
+  hinted = jax.jit(lambda x: subset.match(x, only=only, anchor_caps=counts))(g)
+  for leaf in ("mask", "nodes", "found", "anchors_dropped"):
+    np.testing.assert_array_equal(getattr(hinted, leaf), getattr(full, leaf))
+  matmul, add = int(Op.MATMUL), int(Op.ADD)
+  assert counts[add] > 2 and full.mask[subset.index("add_commute")].sum() > 2
+  capped = jax.jit(lambda x: subset.match(x, anchor_caps={add: 2}))(g)
+  r = subset.index("add_commute")
+  assert int(capped.found[r]) == 2 and int(capped.anchors_dropped[r]) == counts[add] - 2
+  np.testing.assert_array_equal(capped.mask[subset.index("merge_matmul_shared_input_2")],
+                                full.mask[subset.index("merge_matmul_shared_input_2")])
+  assert matmul in counts
+  # One rewrite by a rule that adds two MatMuls and frees one grows the bound by one per step.
+  bound = rules.op_count_bounds([BY_NAME["split_matmul_shared_input_2"]], {matmul: 5}, 3)
+  assert bound[matmul] == 8
 
 
 # Inception-v3's walk takes about 100 s (its lowerings dominate); it runs with `-m slow`.

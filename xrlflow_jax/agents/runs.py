@@ -81,11 +81,11 @@ def build(config: Any, devices: Sequence[jax.Device] | None = None,
   if ruleset is None:
     ruleset = workflow.ruleset(config.env.rules, int(config.env.max_locations))
 
-  def cost_fn(g):
-    return cost.graph_cost(g, coeffs, kernels=kernels)
+  def cost_fn(g):  # the environment's graphs are pruned (`GraphRewriteEnv`)
+    return cost.graph_cost(g, coeffs, pruned=True, kernels=kernels)
 
   def node_cost_fn(g):
-    return cost.node_costs(g, coeffs, kernels=kernels)
+    return cost.node_costs(g, coeffs, pruned=True, kernels=kernels)
 
   env = GraphRewriteEnv(list(graphs), ruleset, cost_fn, int(config.env.horizon),
                         reward_scale=float(config.env.reward_scale), node_cost_fn=node_cost_fn,

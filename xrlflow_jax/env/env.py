@@ -16,8 +16,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from xrlflow_jax.errors import XrlflowError
-from xrlflow_jax.graph import layout
-from xrlflow_jax.rules.ruleset import RuleSet, RuleSetMatch
+from xrlflow_jax.graph import layout, transforms
+from xrlflow_jax.rules.ruleset import (RuleSet, RuleSetMatch, firing_rules, graph_op_codes,
+                                       graph_op_counts, op_count_bounds)
 from xrlflow_jax.env.types import (ArraySpec, DiscreteSpec, Observation, ObservationSpec, State,
                                    StepType, TimeStep)
 
@@ -92,11 +93,20 @@ def stack_graphs(graphs: Sequence[layout.Graph]) -> layout.Graph:
 class GraphRewriteEnv:
   """A pure, jittable graph-rewrite environment over a pool of graphs of one capacity.
 
+  Every graph it holds is pruned: the pool's nodes from which no output is reachable are freed
+  at construction (`graph.remove_dead_code`), and a rewrite frees every node it leaves unread,
+  so each alive node other than a graph input or output has an alive consumer and cost
+  functions may skip the reachability pass (`cost.graph_cost(..., pruned=True)`). Rules that
+  cannot fire on any graph reachable from the pool (`rules.firing_rules` of its op codes) are
+  not matched: they keep their actions, always masked; and a rule examines only as many nodes
+  of its root op as an episode's graphs can hold (`rules.op_count_bounds` over the horizon).
+  Both find exactly what matching every rule would.
+
   Args:
     graphs: the pool (a list of graphs, or an already stacked pool); `reset` draws one.
     ruleset: the rewrite rules; the action space is `ruleset.num_actions + 1`.
     cost_fn: graph -> modelled cost (float32[], jittable), e.g. `cost.graph_cost` with
-      coefficients bound.
+      coefficients bound and `pruned=True`.
     horizon: steps before truncation.
     reward_scale: multiplies the reward (X-RLflow used 100).
     node_cost_fn: graph -> float32[N] per-node costs; enables `candidate_removed_cost`.
@@ -120,9 +130,17 @@ class GraphRewriteEnv:
       raise EnvError(f"horizon must be >= 1, got {horizon}")
     if max_candidates < 0:
       raise EnvError(f"max_candidates must be >= 0 (0: every candidate), got {max_candidates}")
+    with jax.ensure_compile_time_eval():
+      pool = jax.jit(jax.vmap(transforms.remove_dead_code))(pool)
     self.pool = pool
     self.pool_size = int(pool.nodes["op"].shape[0])
     self.ruleset = ruleset
+    firing = firing_rules(ruleset.rules, graph_op_codes([pool]))
+    self.firing_rules = None if len(firing) == len(ruleset) else firing
+    # An episode applies at most `horizon` rewrites (stepping on past a LAST step without a
+    # reset may outgrow these; the match then counts what it skipped in `anchors_dropped`).
+    self.anchor_caps = op_count_bounds([ruleset.rules[i] for i in sorted(firing)],
+                                       graph_op_counts([pool]), int(horizon))
     self.cost_fn = cost_fn
     self.node_cost_fn = node_cost_fn
     self.horizon = int(horizon)
@@ -165,7 +183,7 @@ class GraphRewriteEnv:
   def _match(self, graph: layout.Graph) -> RuleSetMatch:
     """The rules' match of `graph`, its mask limited to the offered candidates (with an exact
     delta over `max_candidates` slots, the valid candidates past the cap are not actions)."""
-    match = self.ruleset.match(graph)
+    match = self.ruleset.match(graph, only=self.firing_rules, anchor_caps=self.anchor_caps)
     if self.exact_candidate_delta and self.max_candidates:
       match = match.replace(mask=offered_candidates(match.mask, self.max_candidates))
     return match
@@ -210,6 +228,9 @@ class GraphRewriteEnv:
     index = jax.random.randint(draw, (), 0, self.pool_size)
     graph = jax.tree_util.tree_map(lambda a: a[index], self.pool)
     match, cost, observation = jax.tree_util.tree_map(lambda a: a[index], self.initial())
+    # The same arrays as the state's (not copies cached apart), so an auto-reset selects each
+    # once: XLA merges the state's and the observation's identical selects.
+    observation = observation.replace(graph=graph, candidate_nodes=match.nodes)
     zero = jnp.int32(0)
     rewrites = jnp.full([self.horizon, 2 + self.ruleset.num_bound], -1, jnp.int32)
     state = State(graph=graph, match=match, cost=cost, initial_cost=cost, best_cost=cost,
@@ -230,10 +251,11 @@ class GraphRewriteEnv:
     action = jnp.asarray(action, jnp.int32)
     is_stop = action == self.stop_action
     rewrite = jnp.clip(action, 0, self.ruleset.num_actions - 1)
-    new_graph, applied = self.ruleset.apply_action(state.graph, state.match, rewrite)
-    applied = applied & ~is_stop
+    rule, loc = rewrite // self.ruleset.max_locations, rewrite % self.ruleset.max_locations
+    # Unchanged (one select, inside `apply`) unless a valid rewrite applied.
+    graph, applied = self.ruleset.apply(state.graph, rule, state.match.nodes[rule, loc],
+                                        state.match.mask[rule, loc] & ~is_stop)
     invalid = ~is_stop & ~applied
-    graph = jax.tree_util.tree_map(lambda a, b: jnp.where(applied, a, b), new_graph, state.graph)
     cost = jnp.where(applied, jnp.asarray(self.cost_fn(graph), jnp.float32), state.cost)
     match = self._match(graph)
     reward = self.reward_scale * (state.cost - cost) / state.initial_cost
@@ -243,7 +265,6 @@ class GraphRewriteEnv:
     better = cost < state.best_cost
     best_graph = jax.tree_util.tree_map(lambda a, b: jnp.where(better, a, b), graph,
                                         state.best_graph)
-    rule, loc = rewrite // self.ruleset.max_locations, rewrite % self.ruleset.max_locations
     row = jnp.concatenate([jnp.stack([rule, loc]), state.match.nodes[rule, loc]]).astype(jnp.int32)
     slot = jnp.minimum(state.num_rewrites, self.horizon - 1)  # < horizon: one per step
     rewrites = jnp.where(applied, state.rewrites.at[slot].set(row), state.rewrites)

@@ -17,7 +17,7 @@ Matching, for one rule, with no Python loop over nodes:
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, Mapping
 
 import jax
 import jax.numpy as jnp
@@ -34,9 +34,15 @@ DEFAULT_JOIN_WINDOW = 4
 
 
 class Features:
-  """What every rule's matcher needs, computed once per graph per step (inside the trace)."""
+  """What every rule's matcher needs, computed once per graph per step (inside the trace).
 
-  def __init__(self, graph: layout.Graph, need_depth: bool, max_anchors: int | None = None):
+  `anchor_caps` (static, optional): {op code: the most alive nodes of that op the graph can
+  hold} (`rules.op_count_bounds`); a rule then examines only that many nodes of its root op
+  instead of `max_anchors` (never more), which finds the same matches for less work.
+  """
+
+  def __init__(self, graph: layout.Graph, need_depth: bool, max_anchors: int | None = None,
+               anchor_caps: Mapping[int, int] | None = None):
     n = graph.nodes["op"].shape[-1]
     self.graph = graph
     self.n = n
@@ -55,23 +61,30 @@ class Features:
     self._sorted: dict[Any, tuple[jax.Array, jax.Array]] = {}
     # Slots grouped by op code (dead slots last), so a rule only examines nodes of its root op.
     self.max_anchors = min(n, max_anchors if max_anchors else max(64, n // 4))
+    self.anchor_caps = anchor_caps
     num_ops = len(ops.all_specs())
     op_key = jnp.where(self.alive, self.op, num_ops)
     self.op_order = jnp.argsort(op_key, stable=True).astype(jnp.int32)
     self.op_start = jnp.searchsorted(op_key[self.op_order],
                                      jnp.arange(num_ops + 1, dtype=op_key.dtype)).astype(jnp.int32)
 
+  def anchor_count(self, op: int) -> int:
+    """C: how many slots of `op` a rule rooted at it examines (static)."""
+    if self.anchor_caps is None or op not in self.anchor_caps:
+      return self.max_anchors
+    return max(1, min(self.max_anchors, int(self.anchor_caps[op])))
+
   def anchors(self, op: int) -> tuple[jax.Array, jax.Array]:
-    """Up to `max_anchors` alive slots holding `op`: (ids int32[C], valid bool[C])."""
-    c = self.max_anchors
+    """Up to `anchor_count(op)` alive slots holding `op`: (ids int32[C], valid bool[C])."""
+    c = self.anchor_count(op)
     start = self.op_start[op]
     count = self.op_start[op + 1] - start
     ids = self.op_order[jnp.minimum(start + jnp.arange(c), self.n - 1)]
     return ids, jnp.arange(c) < count
 
   def anchors_dropped(self, op: int) -> jax.Array:
-    """How many slots of `op` exceed `max_anchors` (their matches are not searched)."""
-    return jnp.maximum(self.op_start[op + 1] - self.op_start[op] - self.max_anchors, 0)
+    """How many slots of `op` exceed `anchor_count(op)` (their matches are not searched)."""
+    return jnp.maximum(self.op_start[op + 1] - self.op_start[op] - self.anchor_count(op), 0)
 
   def join_keys(self, op: int, path: tuple[int, ...]) -> jax.Array:
     """int32[N]: for slots holding `op`, the node reached along `path`; N elsewhere."""
@@ -171,15 +184,16 @@ class CompiledRule:
 
   # ------------------------------------------------------------------ matching
   def _candidates(self, f: Features) -> tuple[jax.Array, jax.Array]:
-    """Root tuples int32[C, roots] and their validity bool[C] (C a multiple of max_anchors)."""
-    n, d, c = f.n, self.join_window, f.max_anchors
+    """Root tuples int32[C, roots] and their validity bool[C] (C a multiple of the root op's
+    `Features.anchor_count`)."""
+    n, d = f.n, self.join_window
     if len(self.roots) == 1:
       ids, valid = f.anchors(int(self.rule.src[self.roots[0]].op))
       return ids[:, None], valid
     if self.rule.symmetric:
       # Valid keys sort first, so positions 0..C-1 of the sorted order cover every anchor.
       order, keys = f.sorted_keys(*self.join[0])
-      i = jnp.arange(c)
+      i = jnp.arange(f.anchor_count(self.join[0][0]))
       if len(self.roots) == 2:
         offset_sets = [(a,) for a in range(1, d + 1)]
       else:

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Iterable, Sequence
+from collections import Counter
+from typing import Collection, Iterable, Mapping, Sequence
 
 import chex
 import jax
@@ -84,11 +85,26 @@ class RuleSet:
   def index(self, name: str) -> int:
     return self.names.index(name)
 
-  def match(self, graph: layout.Graph) -> RuleSetMatch:
-    """Matches every rule (jittable; `vmap` it over a batch of graphs)."""
-    f = Features(graph, self.need_depth, self.max_anchors)
+  def match(self, graph: layout.Graph, only: Collection[int] | None = None,
+            anchor_caps: Mapping[int, int] | None = None) -> RuleSetMatch:
+    """Matches every rule (jittable; `vmap` it over a batch of graphs).
+
+    Two static hints make the same result cheaper when the caller knows which graphs it will
+    see (an environment does, from its pool and horizon):
+      only: the indices of the rules to match; every other rule gets no location without
+        being traced (`firing_rules`: rules that cannot fire on any such graph).
+      anchor_caps: {op code: the most alive nodes of that op such a graph holds}
+        (`op_count_bounds`): a rule examines that many nodes of its root op, not `max_anchors`.
+    """
+    f = Features(graph, self.need_depth, self.max_anchors, anchor_caps)
     masks, nodes, found = [], [], []
-    for c in self.compiled:
+    l = self.max_locations
+    for i, c in enumerate(self.compiled):
+      if only is not None and i not in only:
+        masks.append(jnp.zeros([l], bool))
+        nodes.append(jnp.full([l, self.num_bound], -1, jnp.int32))
+        found.append(jnp.int32(0))
+        continue
       res = c.match(graph, f)
       pad = self.num_bound - res.nodes.shape[-1]
       masks.append(res.valid)
@@ -173,13 +189,14 @@ class RuleSet:
     return self.apply(graph, r, match.nodes[r, loc], match.mask[r, loc])
 
 
-def rules_that_can_fire(rules: Sequence[Rule], op_codes: Iterable[int]) -> list[Rule]:
-  """The rules (in their order) whose source ops can all occur in a graph holding `op_codes`,
+def firing_rules(rules: Sequence[Rule], op_codes: Iterable[int]) -> frozenset[int]:
+  """The indices of the rules whose source ops can all occur in a graph holding `op_codes`,
   counting the ops that kept rules create (a closure to a fixed point): a rule that merges
   Concats is kept for a graph without one when another kept rule makes a Concat.
 
   Only op codes are considered (not attributes or shapes), so every rule that can ever match a
-  graph reachable from one with these ops by these rules is kept.
+  graph reachable from one with these ops by these rules is kept: a rule left out matches no
+  such graph.
   """
   present = {int(o) for o in op_codes}
   kept: set[int] = set()
@@ -191,7 +208,45 @@ def rules_that_can_fire(rules: Sequence[Rule], op_codes: Iterable[int]) -> list[
         kept.add(i)
         present |= {int(d.op) for d in r.dst}
         changed = True
+  return frozenset(kept)
+
+
+def rules_that_can_fire(rules: Sequence[Rule], op_codes: Iterable[int]) -> list[Rule]:
+  """The rules of `firing_rules`, in their order."""
+  kept = firing_rules(rules, op_codes)
   return [r for i, r in enumerate(rules) if i in kept]
+
+
+def op_count_bounds(rules: Sequence[Rule], counts: Mapping[int, int],
+                    rewrites: int) -> dict[int, int]:
+  """{op code: the most alive nodes of that op} in any graph `rewrites` rewrites by `rules` away
+  from graphs holding at most `counts[op]` nodes of each op.
+
+  A rewrite adds its target's nodes and frees its non-kept source nodes (then maybe more,
+  never fewer), so each op grows by at most the largest net gain of one rule per rewrite.
+  """
+  gain: dict[int, int] = {}
+  for r in rules:
+    added = Counter(int(d.op) for d in r.dst)
+    removed = Counter(int(s.op) for s in r.src if not s.keep)
+    for op, k in added.items():
+      gain[op] = max(gain.get(op, 0), k - removed.get(op, 0))
+  ops = {int(o) for o in counts} | set(gain)
+  return {op: int(counts.get(op, 0)) + rewrites * max(gain.get(op, 0), 0) for op in ops}
+
+
+def graph_op_counts(graphs: Iterable[layout.Graph]) -> dict[int, int]:
+  """{op code: the most alive nodes of it in one graph} over some (host or device, unbatched
+  or batched) graphs."""
+  counts: dict[int, int] = {}
+  for g in graphs:
+    op = np.asarray(g.nodes["op"]).reshape(-1, np.shape(g.nodes["op"])[-1])
+    alive = np.asarray(g.nodes["alive"], bool).reshape(op.shape)
+    for row, live in zip(op, alive):
+      codes, k = np.unique(row[live], return_counts=True)
+      for c, m in zip(codes.tolist(), k.tolist()):
+        counts[c] = max(counts.get(c, 0), m)
+  return counts
 
 
 def graph_op_codes(graphs: Iterable[layout.Graph]) -> set[int]:
