@@ -256,6 +256,26 @@ def test_driver_results_are_valid_equivalent_and_replayable(method, options, toy
     assert [s.rule for s in res.rewrites] == ["merge_matmul_shared_input_2", "concat_of_slices"]
 
 
+def test_a_graph_with_dead_code_is_searched_as_its_pruned_self(ruleset, expander):
+  """Nodes no output reads cost nothing in the input's cost, and an edit frees every unread
+  node, so its candidates (costed as pruned graphs) are not charged for them either; replaying
+  the result onto the graph as given rebuilds it."""
+  b = GraphBuilder()
+  x = b.input([8, 16])
+  w1, w2 = b.weight([16, 16]), b.weight([16, 16])
+  y = b.concat([b.matmul(x, w1), b.matmul(x, w2)], axis=1)
+  b.output(b.add(y, b.input([8, 32])))
+  b.relu(b.matmul(x, b.weight([16, 4])))  # read by no output: a MatMul (1.0) that never runs
+  graph, params = b.build(capacity=CAPACITY)
+  res = search.taso(graph, params, expander, budget=8, alpha=1.2)
+  assert res.initial_cost_ms == pytest.approx(INITIAL)
+  assert res.best_cost_ms == pytest.approx(OPTIMUM)
+  assert res.best_cost_ms == pytest.approx(float(expander.costs(res.best_graph).current))
+  replayed = search.replay(graph, ruleset, res.rewrites)
+  assert G.structural_hash(replayed) == G.structural_hash(res.best_graph)
+  assert_same_outputs(graph, res.best_graph, params)
+
+
 def test_taso_finds_the_optimum_greedy_cannot(toy, ruleset, expander):
   graph, params = toy
   g = search.greedy(graph, params, expander)
