@@ -236,9 +236,12 @@ def test_env_prunes_its_pool_and_never_matches_rules_that_cannot_fire(pool):
   b.tanh(b.matmul(h, b.weight((16, 3))))  # no output reads it
   b.output(y)
   mlp, _ = b.build(capacity=CAPACITY)
-  rules = [r for r in builtin_rules() if r.name in RULE_NAMES]
+  rules = [r for r in builtin_rules() if r.name in (
+      "merge_matmul_shared_input_2", "split_matmul_shared_input_2", "add_commute",
+      "matmul_tanh_fuse", "transpose_cancel", "merge_conv_shared_input_bias",
+      "conv_bias_relu_fuse")]
   ruleset = RuleSet(rules, max_locations=16)
-  env = GraphRewriteEnv([pool[0][0], mlp], ruleset, _cost, horizon=20,
+  env = GraphRewriteEnv([pool[0][0], mlp], ruleset, _cost, horizon=6,
                         node_cost_fn=lambda g: cost.node_costs(g, COEFFS, pruned=True))
   assert env.firing_rules is not None and 0 < len(env.firing_rules) < len(ruleset)
   assert "merge_conv_shared_input_bias" not in {ruleset.names[i] for i in env.firing_rules}
@@ -253,16 +256,16 @@ def test_env_prunes_its_pool_and_never_matches_rules_that_cannot_fire(pool):
   full_match = jax.jit(jax.vmap(ruleset.match))
   costs = jax.jit(jax.vmap(lambda g: jnp.stack([cost.graph_cost(g, COEFFS),
                                                 cost.graph_cost(g, COEFFS, pruned=True)])))
-  state, ts = reset(jax.random.split(jax.random.PRNGKey(3), 8))
+  state, ts = reset(jax.random.split(jax.random.PRNGKey(3), 4))
   rng = np.random.default_rng(3)
-  for _ in range(25):
+  for _ in range(12):  # two episodes each (auto-reset at the horizon)
     full = full_match(state.graph)
     np.testing.assert_array_equal(np.asarray(full.mask), np.asarray(state.match.mask))
     np.testing.assert_array_equal(np.asarray(full.nodes), np.asarray(state.match.nodes))
     both = np.asarray(costs(state.graph))
     np.testing.assert_allclose(both[:, 1], both[:, 0], rtol=1e-6)
     np.testing.assert_allclose(np.asarray(state.cost), both[:, 0], rtol=1e-6)
-    for b in range(8):  # every op within its bound after the episode's rewrites so far
+    for b in range(4):  # every op within its bound after the episode's rewrites so far
       g = jax.tree_util.tree_map(lambda a, b=b: a[b], state.graph)
       bound = op_count_bounds(firing, start[int(state.graph_index[b])],
                               int(state.num_rewrites[b]))
