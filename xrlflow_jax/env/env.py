@@ -17,8 +17,8 @@ import numpy as np
 
 from xrlflow_jax.errors import XrlflowError
 from xrlflow_jax.graph import layout, transforms
-from xrlflow_jax.rules.ruleset import (RuleSet, RuleSetMatch, firing_rules, graph_op_codes,
-                                       graph_op_counts, op_count_bounds)
+from xrlflow_jax.rules.ruleset import (RuleSet, RuleSetMatch, firing_rules, graph_op_counts,
+                                       op_count_bounds)
 from xrlflow_jax.env.types import (ArraySpec, DiscreteSpec, Observation, ObservationSpec, State,
                                    StepType, TimeStep)
 
@@ -135,12 +135,13 @@ class GraphRewriteEnv:
     self.pool = pool
     self.pool_size = int(pool.nodes["op"].shape[0])
     self.ruleset = ruleset
-    firing = firing_rules(ruleset.rules, graph_op_codes([pool]))
+    counts = graph_op_counts([pool])
+    firing = firing_rules(ruleset.rules, counts)
     self.firing_rules = None if len(firing) == len(ruleset) else firing
     # An episode applies at most `horizon` rewrites (stepping on past a LAST step without a
     # reset may outgrow these; the match then counts what it skipped in `anchors_dropped`).
-    self.anchor_caps = op_count_bounds([ruleset.rules[i] for i in sorted(firing)],
-                                       graph_op_counts([pool]), int(horizon))
+    self.anchor_caps = op_count_bounds([ruleset.rules[i] for i in sorted(firing)], counts,
+                                       int(horizon))
     self.cost_fn = cost_fn
     self.node_cost_fn = node_cost_fn
     self.horizon = int(horizon)

@@ -251,9 +251,5 @@ def graph_op_counts(graphs: Iterable[layout.Graph]) -> dict[int, int]:
 
 def graph_op_codes(graphs: Iterable[layout.Graph]) -> set[int]:
   """The op codes of the alive nodes of some (host or device, unbatched or batched) graphs."""
-  codes: set[int] = set()
-  for g in graphs:
-    op, alive = np.asarray(g.nodes["op"]), np.asarray(g.nodes["alive"], bool)
-    codes |= {int(x) for x in np.unique(op[alive])}
-  return codes
+  return set(graph_op_counts(graphs))
 
