@@ -226,3 +226,24 @@ def test_a_kernel_that_cannot_be_timed_keeps_the_roofline(tmp_path):
   assert not bool(missing)
   np.testing.assert_array_equal(np.asarray(costs),
                                 np.asarray(cost_model.node_costs(graph, coeffs)))
+
+
+def test_a_search_takes_the_same_path_whether_its_kernels_are_new_or_known(tmp_path):
+  """Tiny NasRNN (many equal-cost merges): the first search measures kernels as it meets them,
+  the second finds them all in the table. Both must return the same rewrites: a candidate
+  whose kernels were new is costed by the same computation a later expansion runs, not alone
+  (which rounds differently and reorders ties in the queue)."""
+  graph, params = models.build("nasrnn", "tiny", capacity=256)
+  assert 256 >= incremental.MIN_CAPACITY
+  rs = search.default_ruleset(graph)
+  # A launch overhead per kernel: merging MatMuls pays.
+  times = kernel_table.KernelTimes(_TableProfiler(
+      tmp_path, lambda s: 0.01 + 1e-7 * np.prod(s.in_shapes[1])))
+  ex = search.Expander(rs, cost.load_coefficients("cpu"), kernels=times)
+  cold = search.optimize(graph, params, "taso", expander=ex, budget=10)
+  assert ex.stats.kernel_recosted > 0
+  ex.stats.reset()
+  warm = search.optimize(graph, params, "taso", expander=ex, budget=10)
+  assert ex.stats.kernels_added == 0 and ex.stats.kernel_recosted == 0
+  assert [s.to_json() for s in warm.rewrites] == [s.to_json() for s in cold.rewrites]
+  assert warm.rewrites, "the search must find something for the comparison to mean anything"

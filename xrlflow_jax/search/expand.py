@@ -130,7 +130,8 @@ class ExpanderStats:
       covers (`graph.identity.MAX_CHANGED_ROWS`), hashed again alone.
     kernels_added: kernel signatures added to the measured kernel table (from the profiler's
       cache or measured now); kernel_seconds: the time that took.
-    kernel_recosted: candidates costed again after their new kernels were measured.
+    kernel_recosted: candidates with kernels new to the table: measured, then their bucket
+      was costed again.
   """
   candidates: list[int] = dataclasses.field(default_factory=list)
   buckets: set[int] = dataclasses.field(default_factory=set)
@@ -373,14 +374,30 @@ class Expander:
       ids = self._call(self._identities, graph)
     table = self._kernel_table()
     match, count, current, missing = self._call(self._match, graph, table)
-    if bool(missing):  # a kernel the table does not have: measured, then costed again
+    if bool(missing):  # a kernel the table does not have: measured, then matched again
       table = self._measure_kernels(graph)
-      current = self._call(self._cost, graph, table)[0].astype(jnp.float32)
+      match, count, current, missing = self._call(self._match, graph, table)
     count = int(count)
     size = bucket_size(count, self.num_actions)
     valid, cost, idx, ok, exact, hashes, hashed, missing = self._call(
         self._bucket, graph, ids, match, table, size=size)
     self.drain()  # nothing compiles in the background past the first expansion
+    misses = np.flatnonzero(np.asarray(missing)[:count])
+    if misses.size:
+      # Children with kernels the table does not have: measured, then the whole bucket costed
+      # again with the grown table. Every cost then comes from the computation a later
+      # (warm) expansion of this graph runs, so a search takes the same path whether or not
+      # its kernels were new (costing them alone differs in float rounding, which reorders
+      # the queue between equal-cost candidates).
+      actions = np.asarray(idx)[misses]
+      nodes = np.asarray(match.nodes).reshape(self.num_actions, -1)[actions]
+      for a, bound in zip(actions, nodes):
+        child, _ = self._build_child(layout.to_host(graph), np.asarray(ids),
+                                     int(a) // self.max_locations, bound)
+        table = self._measure_kernels(child)
+      valid, cost, idx, ok, exact, hashes, hashed, missing = self._call(
+          self._bucket, graph, ids, match, table, size=size)
+      self.stats.kernel_recosted += int(misses.size)
     self.stats.candidates.append(count)
     self.stats.buckets.add(size)
     actions = np.asarray(idx)[:count]
@@ -393,13 +410,11 @@ class Expander:
       children.hashes[i] = self.graph_hash(*children.child(int(i)))
       self.stats.rehashed += 1
     inexact = np.flatnonzero(~np.asarray(exact)[:count])
-    if inexact.size:  # costed again alone: too many changed slots, or a kernel not measured
+    if inexact.size:  # too many changed slots (or a kernel still missing): costed alone
       cost = np.array(cost)
       for i in inexact:
         cost[children.actions[i]] = self.cost(children.graph(int(i)))
-      kernel = int(np.asarray(missing)[:count].sum())
-      self.stats.kernel_recosted += kernel
-      self.stats.recosted += int(inexact.size) - kernel
+      self.stats.recosted += int(inexact.size)
       cost = jnp.asarray(cost)
     exp = Expansion(valid=valid, cost=cost, nodes=match.nodes, current=current)
     return exp, children
