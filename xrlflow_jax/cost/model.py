@@ -254,6 +254,199 @@ def load_coefficients(device_kind: str | None = None,
 # Features (jittable)
 # ----------------------------------------------------------------------------------------------
 
+@chex.dataclass(frozen=True)
+class RowKinds:
+  """What the cost model makes of each slot's own fields (any leading shape [...]).
+
+  Attributes:
+    cls: int32, the cost class (`CLASSES`, then source and bitcast; grouped Conv2D is gconv).
+    active: bool, alive, computed at run time (not a folded constant) and not a source.
+    is_bitcast, is_loop, is_mm, is_conv: bool, active slots of those classes (conv: grouped
+      or not).
+    mmconv: bool, active MatMuls and ungrouped Conv2Ds (the sibling candidates).
+    act: int32, the fused activation of a MatMul/Conv2D (0 elsewhere).
+    has_bias, epilogue: bool, a Conv2D with a bias; a MatMul/Conv2D with an epilogue.
+    loop_out: bool, consumers can join the fusion that produces this output.
+  """
+  cls: jax.Array
+  active: jax.Array
+  is_bitcast: jax.Array
+  is_loop: jax.Array
+  is_mm: jax.Array
+  is_conv: jax.Array
+  mmconv: jax.Array
+  act: jax.Array
+  has_bias: jax.Array
+  epilogue: jax.Array
+  loop_out: jax.Array
+
+
+def row_kinds(op: jax.Array, attrs: jax.Array, alive: jax.Array, is_constant: jax.Array,
+              num_inputs: jax.Array, epilogue_fusion: bool = False) -> RowKinds:
+  """The `RowKinds` of slots from their op [...], attrs [..., A], alive, is_constant and number
+  of used input slots [...] (`alive` is the liveness to use: see `node_features(pruned=)`)."""
+  cls = jnp.asarray(OP_CLASS)[op]
+  cls = jnp.where((cls == _CONV) & (attrs[..., _CONV_GROUPS] > 1), _GCONV, cls)
+  active = alive & ~is_constant & (cls != _SOURCE)
+  is_mm = active & (cls == _MATMUL)
+  is_conv = active & ((cls == _CONV) | (cls == _GCONV))
+  is_loop = active & (cls == _LOOP)
+  act = jnp.where(is_mm, attrs[..., _MATMUL_ACT], jnp.where(is_conv, attrs[..., _CONV_ACT], 0))
+  act = jnp.clip(act, 0, len(Activation) - 1)
+  has_bias = is_conv & (num_inputs >= 3)
+  epilogue = (is_mm | is_conv) & ((act != 0) | has_bias)
+  heavy_fuses = (is_mm | is_conv) if epilogue_fusion else epilogue
+  return RowKinds(cls=cls, active=active, is_bitcast=active & (cls == _BITCAST),
+                  is_loop=is_loop, is_mm=is_mm, is_conv=is_conv,
+                  mmconv=is_mm | (active & (cls == _CONV)), act=act, has_bias=has_bias,
+                  epilogue=epilogue, loop_out=is_loop | heavy_fuses)
+
+
+def _out_mb(shape: jax.Array, dtype: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """(numel, megabytes) of outputs of shape [..., R] and dtype [...]."""
+  numel = jnp.prod(shape.astype(jnp.float32), axis=-1)
+  return numel, numel * ops.dtype_size(jnp, dtype).astype(jnp.float32) / 1e6
+
+
+def row_columns(kinds: RowKinds, op: jax.Array, numel: jax.Array, out_mb: jax.Array,
+                valid: jax.Array, in_mb: jax.Array, src_loop_out: jax.Array,
+                materialise: jax.Array, sibling: jax.Array, flops: jax.Array,
+                epilogue_fusion: bool = False) -> jax.Array:
+  """float32[M, F - 1]: every feature but `const.mb` of M slots, from their kinds, op,
+  numel, out_mb [M], their input slots' validity and megabytes [M, K], whether each input's
+  producer (through bitcasts) fuses consumers ([M, K], `RowKinds.loop_out` of it), whether
+  their output must be written to memory and whether they have a sibling [M], and FLOPs [M].
+  The one formula of a row's features: `node_features` and the incremental cost
+  (`cost.incremental`) both call it."""
+  k = valid.shape[-1]
+  is_loop = kinds.is_loop
+  # Constants (and sources) are read from memory; fused inputs come from a loop producer.
+  fused_in = valid & is_loop[:, None] & src_loop_out
+  gflop = jnp.where(kinds.active, flops, 0.0) / 1e9
+  partial_read = (op == Op.SLICE) | (op == Op.GATHER)
+  read_mb = jnp.where(partial_read[:, None], jnp.minimum(in_mb, out_mb[:, None]), in_mb)
+  loop_read = jnp.sum(jnp.where(valid & ~fused_in, read_mb, 0.0), axis=-1)
+  loop_launch = is_loop & ~jnp.any(fused_in, axis=-1)
+  loop_mb = jnp.where(is_loop, loop_read + out_mb * materialise, 0.0)
+  loop_gflop = jnp.where(is_loop, gflop, 0.0)
+  transpose_mb = jnp.where(is_loop & (op == Op.TRANSPOSE), out_mb, 0.0)
+
+  # Kernels; a Conv2D bias is read by the epilogue.
+  has_bias, epilogue = kinds.has_bias, kinds.epilogue
+  heavy = kinds.active & ~is_loop & ~kinds.is_bitcast
+  kernel_in = jnp.where(has_bias[:, None] & (jnp.arange(k) == 2)[None, :], 0.0, in_mb)
+  heavy_mb = jnp.where(heavy, kernel_in.sum(-1) + out_mb, 0.0)
+  bias_mb = jnp.where(has_bias, in_mb[:, jnp.minimum(2, k - 1)], 0.0)
+  epi_gflop = (jnp.asarray(_ACT_FLOPS)[kinds.act] * numel / 1e9
+               + jnp.where(has_bias, numel / 1e9, 0.0))
+  if epilogue_fusion:
+    epi_launch = jnp.zeros_like(epilogue)
+    epi_mb = jnp.where(epilogue, bias_mb, 0.0)
+  else:
+    epi_launch = epilogue
+    epi_mb = jnp.where(epilogue, out_mb + bias_mb + out_mb * materialise, 0.0)
+  loop_launch = loop_launch | epi_launch
+  loop_mb = loop_mb + epi_mb
+  loop_gflop = loop_gflop + jnp.where(epilogue, epi_gflop, 0.0)
+
+  cls = kinds.cls
+  cols = []
+  for c in range(len(CLASSES)):
+    if c == _LOOP:
+      cols += [loop_launch.astype(jnp.float32), loop_gflop, loop_mb]
+    else:
+      in_c = heavy & (cls == c)
+      cols += [in_c.astype(jnp.float32), jnp.where(in_c & ~sibling, gflop, 0.0),
+               jnp.where(in_c, heavy_mb, 0.0)]
+  cols.append(transpose_mb)
+  cols.append(jnp.where(sibling & (cls == _MATMUL), gflop, 0.0))
+  cols.append(jnp.where(sibling & (cls == _CONV), gflop, 0.0))
+  return jnp.stack(cols, axis=-1).astype(jnp.float32)
+
+
+def resolve_bitcasts(x: jax.Array, is_bitcast: jax.Array, first_input: jax.Array
+                     ) -> jax.Array:
+  """int32[...]: the producer each slot id `x` resolves to through chains of bitcasts
+  (`_BITCAST_DEPTH` levels), given every slot's `is_bitcast` and first input [N]."""
+  for _ in range(_BITCAST_DEPTH):
+    x = jnp.where(is_bitcast[x], first_input[x], x)
+  return x
+
+
+@chex.dataclass(frozen=True)
+class GraphContext:
+  """What the features of one graph's slots read from their neighbours (every slot, [N]).
+
+  Attributes:
+    live: bool[N], the liveness used (`alive`, or reaching an output).
+    kinds: `RowKinds` of every slot; numel, out_mb: float32[N].
+    table: int32[N, K] (-1 unused); valid: bool[N, K].
+    self_ids: int32[N], the producer each slot resolves to through bitcasts (itself if none).
+    src: int32[N, K], each input's producer through bitcasts (`self_ids` of the input).
+    force: bool[N, K], the input is read from memory by a MatMul/Conv2D.
+    need_count: int32[N], inputs of MatMuls/Conv2Ds resolving to each slot.
+    out_node: bool[N], alive graph outputs; out_count: int32[N], those resolving to each slot.
+    first_src: int32[N], the first input's producer of each sibling candidate
+      (`RowKinds.mmconv`), N elsewhere; readers: int32[N + 1], candidates per producer.
+  """
+  live: jax.Array
+  kinds: RowKinds
+  numel: jax.Array
+  out_mb: jax.Array
+  table: jax.Array
+  valid: jax.Array
+  self_ids: jax.Array
+  src: jax.Array
+  force: jax.Array
+  need_count: jax.Array
+  out_node: jax.Array
+  out_count: jax.Array
+  first_src: jax.Array
+  readers: jax.Array
+
+  @property
+  def materialise(self) -> jax.Array:
+    """bool[N]: the output must be in memory (a MatMul/Conv2D reads it, or a graph output)."""
+    return (self.need_count > 0) | (self.out_count > 0)
+
+  @property
+  def sibling(self) -> jax.Array:
+    """bool[N]: a MatMul/Conv2D sharing its first input's producer with another."""
+    return self.kinds.mmconv & (self.readers[self.first_src] >= 2)
+
+
+def graph_context(graph: layout.Graph, epilogue_fusion: bool = False, *,
+                  pruned: bool = False) -> GraphContext:
+  """The `GraphContext` of every slot of `graph` (`pruned`: see `node_features`)."""
+  nd = graph.nodes
+  n = nd["op"].shape[-1]
+  table = layout.input_table(graph)  # [N, K]
+  valid = table >= 0
+  safe = jnp.maximum(table, 0)
+  live = nd["alive"] if pruned else transforms.live_nodes(graph)
+  kinds = row_kinds(nd["op"], nd["attrs"], live, nd["is_constant"], valid.sum(-1),
+                    epilogue_fusion)
+  numel, out_mb = _out_mb(nd["shape"], nd["dtype"])
+  self_ids = resolve_bitcasts(jnp.arange(n, dtype=jnp.int32), kinds.is_bitcast, safe[:, 0])
+  src = self_ids[safe]  # [N, K]
+  # Which outputs must be written to memory: graph outputs (through bitcasts) and inputs of
+  # MatMul/Conv2D, which read their operands from memory.
+  force = valid & (kinds.is_mm | kinds.is_conv)[:, None]
+  need_count = jax.ops.segment_sum(force.reshape(-1).astype(jnp.int32),
+                                   jnp.where(force, src, n).reshape(-1),
+                                   num_segments=n + 1)[:n]
+  out_node = nd["alive"] & nd["is_output"]
+  out_count = jax.ops.segment_sum(out_node.astype(jnp.int32), jnp.where(out_node, self_ids, n),
+                                  num_segments=n + 1)[:n]
+  # Siblings: MatMul/Conv2D nodes whose first input (through bitcasts) feeds another of them.
+  first_src = jnp.where(kinds.mmconv & valid[:, 0], src[:, 0], n)
+  readers = jax.ops.segment_sum(kinds.mmconv.astype(jnp.int32), first_src, num_segments=n + 1)
+  return GraphContext(live=live, kinds=kinds, numel=numel, out_mb=out_mb, table=table, valid=valid,
+                      self_ids=self_ids, src=src, force=force, need_count=need_count,
+                      out_node=out_node, out_count=out_count, first_src=first_src,
+                      readers=readers)
+
+
 def node_features(graph: layout.Graph, epilogue_fusion: bool = False, *,
                   pruned: bool = False, flops: jax.Array | None = None,
                   const_mb: jax.Array | None = None) -> jax.Array:
@@ -273,102 +466,21 @@ def node_features(graph: layout.Graph, epilogue_fusion: bool = False, *,
     const_mb: float32[N], the `const.mb` column to use instead of computing it (the
       incremental cost passes zeros and adds the graph's distinct-constant total itself).
   """
-  nd = graph.nodes
-  n = nd["op"].shape[-1]
-  op = nd["op"]
-  attrs = nd["attrs"]
-  table = layout.input_table(graph)  # [N, K]
-  k = table.shape[-1]
-  valid = table >= 0
-  safe = jnp.maximum(table, 0)
+  ctx = graph_context(graph, epilogue_fusion, pruned=pruned)
+  feats = context_features(graph, ctx, epilogue_fusion,
+                           flops_all(graph) if flops is None else flops)
+  if const_mb is None:
+    const_mb = distinct_constant_mb(graph, ctx.table, ctx.live, ctx.out_mb)
+  return jnp.concatenate([feats, const_mb[:, None].astype(jnp.float32)], axis=-1)
 
-  cls = jnp.asarray(OP_CLASS)[op]
-  cls = jnp.where((cls == _CONV) & (attrs[:, _CONV_GROUPS] > 1), _GCONV, cls)
-  live = nd["alive"] if pruned else transforms.live_nodes(graph)
-  active = live & ~nd["is_constant"] & (cls != _SOURCE)
-  is_bitcast = active & (cls == _BITCAST)
-  is_loop = active & (cls == _LOOP)
-  is_mm = active & (cls == _MATMUL)
-  is_conv = active & ((cls == _CONV) | (cls == _GCONV))
 
-  numel = jnp.prod(nd["shape"].astype(jnp.float32), axis=-1)
-  out_mb = numel * ops.dtype_size(jnp, nd["dtype"]).astype(jnp.float32) / 1e6
-  in_mb = jnp.where(valid, out_mb[safe], 0.0)  # [N, K]
-
-  # Producers seen through bitcast chains.
-  first_input = safe[:, 0]
-  # The producer every slot resolves to, once per slot; then one gather for all input slots.
-  self_ids = jnp.arange(n, dtype=jnp.int32)
-  for _ in range(_BITCAST_DEPTH):
-    self_ids = jnp.where(is_bitcast[self_ids], first_input[self_ids], self_ids)
-  src = self_ids[safe]  # [N, K]
-
-  act = jnp.where(is_mm, attrs[:, _MATMUL_ACT], jnp.where(is_conv, attrs[:, _CONV_ACT], 0))
-  act = jnp.clip(act, 0, len(Activation) - 1)
-  n_in = valid.sum(-1)
-  has_bias = is_conv & (n_in >= 3)
-  epilogue = (is_mm | is_conv) & ((act != 0) | has_bias)
-  heavy_fuses = (is_mm | is_conv) if epilogue_fusion else epilogue
-  loop_out = is_loop | heavy_fuses  # consumers can join the fusion that produces this output
-  # Constants (and sources) are read from memory; fused inputs come from a loop producer.
-  fused_in = valid & is_loop[:, None] & loop_out[src]
-
-  # Which outputs must be written to memory: graph outputs (through bitcasts) and inputs of
-  # MatMul/Conv2D, which read their operands from memory.
-  force = valid & (is_mm | is_conv)[:, None]
-  need = jax.ops.segment_max(force.reshape(-1).astype(jnp.int32),
-                             jnp.where(force, src, n).reshape(-1), num_segments=n + 1)[:n] > 0
-  out_node = nd["alive"] & nd["is_output"]
-  need_out = jax.ops.segment_max(out_node.astype(jnp.int32), jnp.where(out_node, self_ids, n),
-                                 num_segments=n + 1)[:n] > 0
-  materialise = need | need_out
-
-  gflop = jnp.where(active, flops_all(graph) if flops is None else flops, 0.0) / 1e9
-  # Siblings: MatMul/Conv2D nodes whose first input (through bitcasts) feeds another of them.
-  mmconv = is_mm | (active & (cls == _CONV))
-  first_src = jnp.where(mmconv & valid[:, 0], src[:, 0], n)
-  readers = jax.ops.segment_sum(mmconv.astype(jnp.int32), first_src, num_segments=n + 1)
-  sibling = mmconv & (readers[first_src] >= 2)
-
-  # Loop nodes.
-  partial_read = (op == Op.SLICE) | (op == Op.GATHER)
-  read_mb = jnp.where(partial_read[:, None], jnp.minimum(in_mb, out_mb[:, None]), in_mb)
-  loop_read = jnp.sum(jnp.where(valid & ~fused_in, read_mb, 0.0), axis=-1)
-  loop_launch = is_loop & ~jnp.any(fused_in, axis=-1)
-  loop_mb = jnp.where(is_loop, loop_read + out_mb * materialise, 0.0)
-  loop_gflop = jnp.where(is_loop, gflop, 0.0)
-  transpose_mb = jnp.where(is_loop & (op == Op.TRANSPOSE), out_mb, 0.0)
-
-  # Kernels; a Conv2D bias is read by the epilogue.
-  heavy = active & ~is_loop & ~is_bitcast
-  kernel_in = jnp.where(has_bias[:, None] & (jnp.arange(k) == 2)[None, :], 0.0, in_mb)
-  heavy_mb = jnp.where(heavy, kernel_in.sum(-1) + out_mb, 0.0)
-  bias_mb = jnp.where(has_bias, in_mb[:, jnp.minimum(2, k - 1)], 0.0)
-  epi_gflop = jnp.asarray(_ACT_FLOPS)[act] * numel / 1e9 + jnp.where(has_bias, numel / 1e9, 0.0)
-  if epilogue_fusion:
-    epi_launch = jnp.zeros_like(epilogue)
-    epi_mb = jnp.where(epilogue, bias_mb, 0.0)
-  else:
-    epi_launch = epilogue
-    epi_mb = jnp.where(epilogue, out_mb + bias_mb + out_mb * materialise, 0.0)
-  loop_launch = loop_launch | epi_launch
-  loop_mb = loop_mb + epi_mb
-  loop_gflop = loop_gflop + jnp.where(epilogue, epi_gflop, 0.0)
-
-  cols = []
-  for c in range(len(CLASSES)):
-    if c == _LOOP:
-      cols += [loop_launch.astype(jnp.float32), loop_gflop, loop_mb]
-    else:
-      in_c = heavy & (cls == c)
-      cols += [in_c.astype(jnp.float32), jnp.where(in_c & ~sibling, gflop, 0.0),
-               jnp.where(in_c, heavy_mb, 0.0)]
-  cols.append(transpose_mb)
-  cols.append(jnp.where(sibling & (cls == _MATMUL), gflop, 0.0))
-  cols.append(jnp.where(sibling & (cls == _CONV), gflop, 0.0))
-  cols.append(distinct_constant_mb(graph, table, live, out_mb) if const_mb is None
-              else const_mb)
-  return jnp.stack(cols, axis=-1).astype(jnp.float32)
+def context_features(graph: layout.Graph, ctx: GraphContext, epilogue_fusion: bool,
+                     flops: jax.Array) -> jax.Array:
+  """float32[N, F - 1]: every slot's features but `const.mb`, from its `graph_context`."""
+  safe = jnp.maximum(ctx.table, 0)
+  return row_columns(ctx.kinds, graph.nodes["op"], ctx.numel, ctx.out_mb, ctx.valid,
+                     jnp.where(ctx.valid, ctx.out_mb[safe], 0.0), ctx.kinds.loop_out[ctx.src],
+                     ctx.materialise, ctx.sibling, flops, epilogue_fusion)
 
 
 def _mix(h: jax.Array, x: jax.Array) -> jax.Array:
