@@ -152,7 +152,7 @@ def test_incremental_candidate_costs_with_a_table_equal_the_full_model(tmp_path)
       assert costs[a] == pytest.approx(ex.cost(children.graph(i)), rel=1e-6), int(a)
   table = times.table()
   full = jax.jit(lambda g: cost_model.graph_cost(g, ex.coeffs, pruned=True, kernels=table))
-  base = jax.jit(lambda g: incremental.cost_base(g, table))(graph)
+  base = jax.jit(lambda g: incremental.cost_base(g, ex.coeffs, table))(graph)
   incr = jax.jit(lambda p, b, c: incremental.candidate_cost(p, b, c, ex.coeffs, kernels=table))
   for i in np.flatnonzero(children.ok)[:12]:
     child = children.graph(int(i))

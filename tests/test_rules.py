@@ -3,6 +3,8 @@ matching under jit/vmap without retracing, random rewrite sequences on zoo model
 
 from __future__ import annotations
 
+import dataclasses
+
 import chex
 import jax
 import jax.numpy as jnp
@@ -173,7 +175,7 @@ def zoo_costs():
   full = jax.jit(lambda g: cost.graph_cost(g, coeffs))
   pruned = jax.jit(lambda g: cost.graph_cost(g, coeffs, pruned=True))
   incr = jax.jit(lambda parent, child: incremental.candidate_cost(
-      parent, incremental.cost_base(parent), child, coeffs)[:2])
+      parent, incremental.cost_base(parent, coeffs), child, coeffs)[:2])
   return full, pruned, incr
 
 
@@ -358,6 +360,58 @@ def test_incremental_cost_is_not_exact_where_a_hash_change_spreads(zoo_costs):
     assert bool(exact) == want_exact
     if want_exact:
       assert float(incr) == pytest.approx(float(full_cost(child)), rel=1e-6)
+
+
+def test_incremental_cost_is_not_exact_past_its_reader_table(zoo_costs):
+  """A rewrite that re-points a node read (through bitcasts) by more consumers than the
+  parent's reader table keeps (`incremental.MAX_READERS`): the rows it can change are not all
+  known, so the incremental cost says it is not exact; with fewer readers it is exact and
+  equal to the full model."""
+  full_cost, _, incremental_cost = zoo_costs
+  rs = RuleSet([BY_NAME["transpose_fuse"]], max_locations=4)
+
+  def build(readers: int):
+    b = G.GraphBuilder(seed=0)
+    x = b.input((2, 3, 4))
+    y = b.node(Op.RELU, [b.transpose(b.transpose(x, (1, 2, 0)), (1, 0, 2))])  # [4, 3, 2]
+    flat = b.reshape(y, (24,))  # half the readers see y through a bitcast
+    b.output(*[b.node(Op.ADD, [y if i % 2 else b.reshape(flat, (4, 3, 2)),
+                               b.input((4, 3, 2))])
+               for i in range(readers)])
+    return b.build(capacity=256)[0]
+  for readers, want_exact in ((incremental.MAX_READERS // 2, True),
+                              (incremental.MAX_READERS + 2, False)):
+    graph = build(readers)
+    m = jax.jit(rs.match)(graph)
+    (a,) = np.flatnonzero(np.asarray(m.mask).reshape(-1))
+    child, ok = jax.jit(rs.apply_action)(graph, m, int(a))
+    assert bool(ok)
+    incr, exact = incremental_cost(graph, child)
+    assert bool(exact) == want_exact, readers
+    if want_exact:
+      assert float(incr) == pytest.approx(float(full_cost(child)), rel=1e-6)
+
+
+@pytest.mark.parametrize("name", ["resnet18", "bert"])
+def test_incremental_cost_with_fused_epilogues_equals_the_full_model(name, zoo_match,
+                                                                     zoo_apply):
+  """The GPU form of the model (bias and activation fused into MatMul/Conv2D kernels, so
+  consumers join them): every candidate of a tiny zoo graph, incremental == full, all exact.
+  BERT's Q/K/V projections are sibling MatMuls, whose merges cross the count of 2."""
+  coeffs = dataclasses.replace(cost.load_coefficients(), epilogue_fusion=True)
+  full = jax.jit(lambda g: cost.graph_cost(g, coeffs, pruned=True))
+  incr = jax.jit(lambda p, c: incremental.candidate_cost(
+      p, incremental.cost_base(p, coeffs), c, coeffs)[:2])
+  graph, _ = models.build(name, "tiny", capacity=256)
+  m = zoo_match(graph)
+  actions = np.flatnonzero(np.asarray(m.mask).reshape(-1))
+  assert len(actions) > 10
+  for a in actions:
+    child, ok = zoo_apply(graph, m, int(a))
+    if bool(ok):
+      c, exact = incr(graph, child)
+      assert bool(exact), int(a)
+      assert float(c) == pytest.approx(float(full(child)), rel=1e-6), int(a)
 
 
 def test_location_table_on_zoo(zoo_match, zoo_ruleset):

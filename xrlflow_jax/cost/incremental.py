@@ -1,34 +1,41 @@
 """The cost of a rewritten graph from its parent's: what a search pays per candidate.
 
-    base = cost_base(graph)                                    # once per expansion
+    base = cost_base(graph, coeffs)                            # once per expansion
     cost, exact, missing = candidate_cost(graph, base, child, coeffs)  # per candidate (vmap)
 
-A rewrite touches a few slots, and two parts of the cost model only change where it touches:
-  * FLOPs. A node's FLOPs depend only on its op, attributes, shape and its inputs' shapes. The
-    child's FLOPs are the parent's except on the (at most `max_changed`) alive slots whose
-    operands differ, which are recomputed (the FLOP rule is a `lax.switch` over every op's rule:
-    under `vmap` every branch runs, so this saves most of that work).
+A rewrite touches a few slots: the "dirty" ones, whose aliveness, constness or inputs changed
+(at most `MAX_CHANGED`; an edit writes a slot's own fields only on slots it claims, free in the
+parent). Every part of the cost model changes only around them:
+  * FLOPs. A node's FLOPs depend only on its op, attributes, shape and its inputs' shapes: they
+    are recomputed on the dirty slots alive in the child (the FLOP rule is a `lax.switch` over
+    every op's rule: under `vmap` every branch runs, so this saves most of that work).
   * Measured kernels (`model.KernelTable`, optional). A slot's kernel signature is part of its
     FLOP operands (with its inputs' dtypes): recomputed and looked up on the same slots.
-  * Distinct folded constants (`const.mb`). Only "dirty" slots (aliveness, constness or
-    inputs changed; at most `max_changed`) can change their constant sub-tree hash: their hash
-    rounds are recomputed from the parent's rounds of their other inputs. Whether a constant
-    is read at run time changes only on them and their inputs (before and after): the parent's
-    count of reading edges is patched by the dirty readers' edges. Classes are then compared
-    on those slots only, and the child's total is the parent's plus, for every class whose
-    membership changed, its megabytes when it appears or disappears (no per-candidate sort).
-    A dirty constant whose hash changed and that an untouched folded constant reads would
-    change that reader's hash too: not exact.
-The remaining features (fusion, materialisation, siblings) are gathers and segment sums over
-the child, computed as the full model does (the largest part left: on BERT-base, 46 of the
-bucket's 114 ms, 2026-12-02).
+  * Node features (fusion, materialisation, siblings). A slot's row (`model.row_columns`)
+    reads its own fields, its inputs and their producers through bitcast chains, whether a
+    MatMul/Conv2D or a graph output resolves to it, and how many sibling candidates share its
+    first input's producer. So the rows that can change are: the dirty slots; the slots whose
+    input chains pass through one ("readers", from a reverse table of the parent); the old and
+    new producers those read from memory or resolve to; and the sibling candidates of every
+    producer whose reader count crosses 2. Those rows (at most `MAX_ROWS`) are evaluated in the
+    child with the same row formula, the counts they need patched from the parent's by the
+    dirty slots and readers, and the child's total is the parent's plus their change.
+  * Distinct folded constants (`const.mb`). Only dirty slots can change their constant sub-tree
+    hash: their hash rounds are recomputed from the parent's rounds of their other inputs.
+    Whether a constant is read at run time changes only on them and their inputs (before and
+    after): the parent's count of reading edges is patched by the dirty readers' edges. Classes
+    are then compared on those slots only, and the child's total is the parent's plus, for
+    every class whose membership changed, its megabytes when it appears or disappears (no
+    per-candidate sort). A dirty constant whose hash changed and that an untouched folded
+    constant reads would change that reader's hash too: not exact.
 
-`exact` is False when more than `max_changed` slots changed in either part or a hash change
-spreads; the caller must then cost that child with `model.graph_cost` (the search does; it
-happened on none of the zoo's random rewrite walks nor on any one-step candidate of tiny
-NasRNN, BERT and ResNeXt-50, `tests/test_rules.py`). Otherwise the cost equals `graph_cost(child,
-pruned=True)` up to float32 summation order (the property test checks rel 1e-6) and under the
-full model's own assumption that distinct constants have distinct 31-bit hashes.
+`exact` is False when a part's fixed-size lists overflow (more dirty slots, readers, rows or
+sibling candidates than their caps) or a hash change spreads; the caller must then cost that
+child with `model.graph_cost` (the search does; `tests/test_rules.py` checks it never happens
+on the zoo's random rewrite walks nor on any one-step candidate of tiny NasRNN, BERT and
+ResNeXt-50). Otherwise the cost equals `graph_cost(child, pruned=True)` up to float32 summation
+order (the property tests check rel 1e-6) and under the full model's own assumption that
+distinct constants have distinct 31-bit hashes.
 """
 
 from __future__ import annotations
@@ -41,9 +48,16 @@ from xrlflow_jax import ops
 from xrlflow_jax.cost import model
 from xrlflow_jax.graph import layout
 
-# Slots a rewrite may change, per part, before the child falls back to the full model. The
-# largest rule of the built-in and TASO collections adds 12 nodes.
+# Slots a rewrite may change before the child falls back to the full model. The largest rule of
+# the built-in and TASO collections adds 12 nodes.
 MAX_CHANGED = 32
+# Per slot, the readers (slots whose input chains pass through it) and the sibling candidates
+# (MatMuls/Conv2Ds whose first input resolves to it) the parent's reverse tables keep.
+MAX_READERS = 16
+# Slots whose own fields or input chains changed (the dirty ones and their readers), and rows
+# whose features are evaluated again, per candidate.
+MAX_REACHED = 32
+MAX_ROWS = 64
 # Below this capacity the full (pruned) model is cheaper than the bookkeeping: measured on one
 # bucket per model, interleaved in one process (2-core x86_64, XLA:CPU, 2026-12-01), the
 # incremental cost took 1.29x the full one at SqueezeNet (N = 128), 0.93x at ResNeXt-50
@@ -59,6 +73,15 @@ class CostBase:
   Attributes:
     operands: the parent's `model.flop_operands` (what each slot's FLOPs depend on).
     flops: float32[N], every slot's FLOPs.
+    context: the parent's `model.graph_context` (pruned).
+    row_cost: float32[N], every slot's modelled cost without `const.mb` (measured kernels
+      applied); row_total: float32[], their sum.
+    row_missing: bool[N], kernel slots whose signature the table lacks.
+    readers: int32[N + 1, MAX_READERS], the active slots whose input chains (an input and the
+      bitcasts it resolves through) pass through each slot, N-padded; readers_full: bool[N + 1],
+      a slot has more.
+    siblings: int32[N + 1, MAX_READERS], the sibling candidates reading each producer first
+      (`GraphContext.first_src`), N-padded; siblings_full: bool[N + 1], a producer has more.
     hashes: uint32[H + 1, N], every slot's constant sub-tree hash rounds
       (`model.constant_hash_rounds`).
     reads: int32[N], input edges of live computed nodes reading each slot
@@ -72,10 +95,18 @@ class CostBase:
     kernel_key, kernel_hit, kernel_ms: uint32[N], bool[N], float32[N], every slot's kernel
       key and measured time (`model.kernel_keys`, `model.lookup_kernels`; None without a
       kernel table).
-  The constant parts take liveness as `alive` (as the pruned child's: `candidate_cost`).
+  Liveness is `alive` throughout (as the pruned child's: `candidate_cost`).
   """
   operands: tuple[jax.Array, ...]
   flops: jax.Array
+  context: model.GraphContext
+  row_cost: jax.Array
+  row_total: jax.Array
+  row_missing: jax.Array
+  readers: jax.Array
+  readers_full: jax.Array
+  siblings: jax.Array
+  siblings_full: jax.Array
   hashes: jax.Array
   reads: jax.Array
   const_read: jax.Array
@@ -97,7 +128,39 @@ def _out_mb(graph: layout.Graph, rows: jax.Array | None = None) -> jax.Array:
   return numel * ops.dtype_size(jnp, dtype).astype(jnp.float32) / 1e6
 
 
-def cost_base(graph: layout.Graph, kernels: model.KernelTable | None = None) -> CostBase:
+def _reverse_table(target: jax.Array, source: jax.Array, n: int, cap: int
+                   ) -> tuple[jax.Array, jax.Array]:
+  """(int32[n + 1, cap], bool[n + 1]): for each slot t < n, the distinct `source` values of the
+  pairs whose `target` is t (ascending, n-padded), and whether there are more than `cap`.
+  Pairs with target n are ignored; row n is empty."""
+  stride = n + 1
+  none = jnp.int32((n + 2) * stride)
+  key = jnp.sort(jnp.where(target < n, target * stride + source, none).reshape(-1))
+  repeat = jnp.concatenate([jnp.zeros([1], bool), key[1:] == key[:-1]])
+  key = jnp.sort(jnp.where(repeat, none, key))  # distinct pairs first, ascending
+  slots = jnp.arange(n + 1, dtype=jnp.int32)
+  start = jnp.searchsorted(key, slots * stride)
+  count = jnp.searchsorted(key, (slots + 1) * stride) - start
+  r = jnp.arange(cap, dtype=jnp.int32)
+  at = jnp.minimum(start[:, None] + r[None, :], key.shape[0] - 1)
+  table = jnp.where(r[None, :] < count[:, None], key[at] % stride, n)
+  return table.astype(jnp.int32), count > cap
+
+
+def _row_costs(feats: jax.Array, coeffs: model.CostCoefficients, hit: jax.Array | None,
+               ms: jax.Array | None) -> tuple[jax.Array, jax.Array]:
+  """(float32[M] costs, bool[M] kernel rows missing from the table) of feature rows
+  [M, F - 1] (no `const.mb`), measured kernels applied where `hit`."""
+  feats = jnp.concatenate([feats, jnp.zeros(feats.shape[:-1] + (1,), feats.dtype)], axis=-1)
+  costs = feats @ jnp.asarray(coeffs.weights, jnp.float32)
+  if hit is None:
+    return costs, jnp.zeros(costs.shape, bool)
+  costs, _ = model.measured_costs(costs, feats, hit, ms, coeffs)
+  return costs, model.kernel_rows(feats) & ~hit
+
+
+def cost_base(graph: layout.Graph, coeffs: model.CostCoefficients,
+              kernels: model.KernelTable | None = None) -> CostBase:
   """The parent's shared parts (with `kernels`, its slots' measured kernel times)."""
   nd = graph.nodes
   n = nd["op"].shape[0]
@@ -112,78 +175,75 @@ def cost_base(graph: layout.Graph, kernels: model.KernelTable | None = None) -> 
   mb = _out_mb(graph)
   first = model.distinct_constant_mb(graph, table, alive, mb)
   operands = model.flop_operands(graph)
+  flops = jax.vmap(ops.flops_jit)(*operands)
   kkey = hit = kms = None
   if kernels is not None:
     kkey = model.kernel_keys(graph)
     hit, kms = model.lookup_kernels(kernels, kkey)
-  return CostBase(operands=operands, flops=jax.vmap(ops.flops_jit)(*operands), hashes=hashes,
-                  reads=reads, const_read=const_read, const_key=key, const_mb=mb,
-                  sorted_key=jnp.sort(key), const_total=jnp.sum(first), kernel_key=kkey,
-                  kernel_hit=hit, kernel_ms=kms)
+  ctx = model.graph_context(graph, coeffs.epilogue_fusion, pruned=True)
+  row_cost, row_missing = _row_costs(
+      model.context_features(graph, ctx, coeffs.epilogue_fusion, flops), coeffs, hit, kms)
+  # Input chains: each input and the slots it resolves through ([N, K, depth + 1]).
+  safe = jnp.maximum(ctx.table, 0)
+  chain = [safe]
+  for _ in range(model.BITCAST_DEPTH):
+    x = chain[-1]
+    chain.append(jnp.where(ctx.kinds.is_bitcast[x], safe[:, 0][x], x))
+  chain = jnp.stack(chain, axis=-1)
+  on = ctx.valid & ctx.kinds.active[:, None]
+  owner = jnp.broadcast_to(jnp.arange(n, dtype=jnp.int32)[:, None, None], chain.shape)
+  readers, readers_full = _reverse_table(jnp.where(on[..., None], chain, n), owner, n,
+                                         MAX_READERS)
+  siblings, siblings_full = _reverse_table(ctx.first_src, jnp.arange(n, dtype=jnp.int32), n,
+                                           MAX_READERS)
+  return CostBase(operands=operands, flops=flops, context=ctx, row_cost=row_cost,
+                  row_total=jnp.sum(row_cost), row_missing=row_missing, readers=readers,
+                  readers_full=readers_full, siblings=siblings, siblings_full=siblings_full,
+                  hashes=hashes, reads=reads, const_read=const_read, const_key=key,
+                  const_mb=mb, sorted_key=jnp.sort(key), const_total=jnp.sum(first),
+                  kernel_key=kkey, kernel_hit=hit, kernel_ms=kms)
 
 
-def _changed_rows(parent: layout.Graph, base: CostBase, child: layout.Graph, max_changed: int,
-                  kernels: model.KernelTable | None = None
-                  ) -> tuple[jax.Array, tuple[jax.Array, ...], jax.Array, jax.Array | None]:
-  """(int32[M] the alive slots whose own fields or FLOP operands (or, with `kernels`, kernel
-  keys) changed, n where unused; their FLOP operands in the child ([M, ...]); bool[] at most
-  M = `max_changed` of them; with `kernels`, their kernel keys in the child uint32[M]).
-
-  An edit writes a slot's own fields only on the slots it claims (free in the parent), and a
-  slot's FLOP operands are its own fields and its inputs' shapes, so only new slots and slots
-  whose inputs changed can differ: those (at most 2M) are compared, not all N.
-  """
+def _changed_flops(parent: layout.Graph, base: CostBase, child: layout.Graph, d: jax.Array,
+                   changed_inputs: jax.Array, kernels: model.KernelTable | None
+                   ) -> tuple[jax.Array, jax.Array | None, jax.Array | None]:
+  """(float32[N] the child's FLOPs, and with `kernels` its kernel hits bool[N] and times
+  float32[N]): recomputed on the dirty slots `d` ([M], N-padded) alive in the child, whose
+  inputs (`changed_inputs` bool[M]) or own fields (new slots) may differ. An edit writes a
+  slot's own fields only on the slots it claims, and FLOPs and kernel keys depend only on a
+  slot's own fields and its inputs' shapes and dtypes, so no other slot changes."""
   n = base.flops.shape[0]
-  p, c = parent.nodes, child.nodes
-  touched = c["alive"] & (~p["alive"] | jnp.any(
-      layout.input_table(parent) != layout.input_table(child), axis=-1))
-  (cand,) = jnp.nonzero(touched, size=2 * max_changed, fill_value=n)
-  rows = jnp.minimum(cand, n - 1)
-  new = model.flop_operands(child, rows)
-  differs = ~p["alive"][rows]
-  for a, b in zip(base.operands, new):  # op, input shapes and ranks, shape, attributes
-    differs = differs | jnp.any((a[rows] != b).reshape(rows.shape[0], -1), axis=-1)
-  keys = None
-  if kernels is not None:  # the inputs' dtypes too
-    keys = model.kernel_keys(child, rows)
-    differs = differs | (keys != base.kernel_key[rows])
-  dirty = (cand < n) & differs
-  (j,) = jnp.nonzero(dirty, size=max_changed, fill_value=2 * max_changed)
-  pick = jnp.minimum(j, 2 * max_changed - 1)
-  idx = jnp.where(j < 2 * max_changed, cand[pick], n)
-  exact = (touched.sum() <= 2 * max_changed) & (dirty.sum() <= max_changed)
-  return idx, tuple(x[pick] for x in new), exact, None if keys is None else keys[pick]
+  rows = jnp.minimum(d, n - 1)
+  c = child.nodes
+  touched = (d < n) & c["alive"][rows] & (~parent.nodes["alive"][rows] | changed_inputs)
+  idx = jnp.where(touched, d, n)  # n: dropped by the scatters
+  fresh = jax.vmap(ops.flops_jit)(*model.flop_operands(child, rows))
+  flops = base.flops.at[idx].set(fresh, mode="drop")
+  if kernels is None:
+    return flops, None, None
+  fresh_hit, fresh_ms = model.lookup_kernels(kernels, model.kernel_keys(child, rows))
+  return (flops, base.kernel_hit.at[idx].set(fresh_hit, mode="drop"),
+          base.kernel_ms.at[idx].set(fresh_ms, mode="drop"))
 
 
-def _changed_flops(base: CostBase, operands: tuple[jax.Array, ...],
-                   idx: jax.Array) -> jax.Array:
-  """float32[N]: the child's FLOPs, recomputed on slots `idx` (n: unused) from their
-  `operands` ([M, ...])."""
-  fresh = jax.vmap(ops.flops_jit)(*operands)
-  return base.flops.at[idx].set(fresh, mode="drop")  # idx == n: fill, dropped
-
-
-def _const_total(base: CostBase, parent: layout.Graph, child: layout.Graph,
-                 max_changed: int) -> tuple[jax.Array, jax.Array]:
+def _const_total(base: CostBase, parent: layout.Graph, child: layout.Graph, d: jax.Array,
+                 tp: jax.Array, tc: jax.Array) -> tuple[jax.Array, jax.Array]:
   """(float32[] the child's distinct-constant megabytes, bool[] exact).
 
-  Only slots whose aliveness, constness or inputs the rewrite changed ("dirty", at most
-  `max_changed`) can change their sub-tree hash, unless the change spreads to an untouched
-  folded constant that reads one of them (then not exact); only those and their inputs (before
-  and after) can change whether they are read at run time. So the hash rounds run on the dirty
-  slots and the class keys are compared on those slots and their inputs, against the parent's.
+  Only the dirty slots `d` ([M], N-padded) can change their sub-tree hash, unless the change
+  spreads to an untouched folded constant that reads one of them (then not exact); only those
+  and their inputs (before and after; input tables `tp`, `tc`) can change whether they are read
+  at run time. So the hash rounds run on the dirty slots and the class keys are compared on
+  those slots and their inputs, against the parent's.
   """
   n = base.const_key.shape[0]
+  m = d.shape[0]
   p, c = parent.nodes, child.nodes
-  tp, tc = layout.input_table(parent), layout.input_table(child)
-  dirty = ((p["alive"] != c["alive"]) | (p["is_constant"] != c["is_constant"])
-           | jnp.any(tp != tc, axis=-1))
-  (d,) = jnp.nonzero(dirty, size=max_changed, fill_value=n)
   used = d < n
   rows = jnp.minimum(d, n - 1)
   # The child's hash rounds on the dirty slots; other inputs keep the parent's rounds.
   own = model.constant_key_base(child, rows)  # [D]
-  where_dirty = jnp.full([n], -1, jnp.int32).at[d].set(jnp.arange(max_changed), mode="drop")
+  where_dirty = jnp.full([n], -1, jnp.int32).at[d].set(jnp.arange(m), mode="drop")
   ins = tc[rows]  # [D, K]
   valid = ins >= 0
   safe = jnp.maximum(ins, 0)
@@ -218,12 +278,12 @@ def _const_total(base: CostBase, parent: layout.Graph, child: layout.Graph,
   mb = _out_mb(child, sr)
   no_class = jnp.uint32(model.NO_CLASS)
   changed = once & ((key != base.const_key[sr]) | ((key != no_class) & (mb != base.const_mb[sr])))
-  (j,) = jnp.nonzero(changed, size=max_changed, fill_value=s_len)
+  (j,) = jnp.nonzero(changed, size=m, fill_value=s_len)
   on = j < s_len
   pick = jnp.minimum(j, s_len - 1)
   total = base.const_total + _class_events(base, base.const_key[sr][pick], key[pick],
                                            base.const_mb[sr][pick], mb[pick], on)
-  exact = (dirty.sum() <= max_changed) & ~jnp.any(spreads) & (changed.sum() <= max_changed)
+  exact = ~jnp.any(spreads) & (changed.sum() <= m)
   return total, exact
 
 
@@ -248,6 +308,94 @@ def _class_events(base: CostBase, old_key: jax.Array, new_key: jax.Array, old_mb
                            0.0))
 
 
+def _mark(n: int, *ids: jax.Array) -> jax.Array:
+  """bool[n]: the slots named in `ids` (any shapes; n = none)."""
+  marked = jnp.zeros([n + 1], bool)
+  for x in ids:
+    marked = marked.at[x.reshape(-1)].set(True)
+  return marked[:n]
+
+
+def _row_delta(base: CostBase, child: layout.Graph, tc: jax.Array, d: jax.Array,
+               flops: jax.Array, hit: jax.Array | None, kms: jax.Array | None,
+               coeffs: model.CostCoefficients) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """(float32[] the child's row costs less the parent's, bool[] a kernel of the child is
+  missing from the table, bool[] exact): the rows that can change (module docstring) evaluated
+  in the child with `model.row_columns`, from the dirty slots `d` ([M], N-padded)."""
+  ef = coeffs.epilogue_fusion
+  ctx = base.context
+  n = ctx.src.shape[0]
+  c = child.nodes
+  kinds_at = lambda rows: model.row_kinds(  # noqa: E731
+      c["op"][rows], c["attrs"][rows], c["alive"][rows], c["is_constant"][rows],
+      (tc[rows] >= 0).sum(-1), ef)
+  is_bitcast = c["alive"] & ~c["is_constant"] & (jnp.asarray(model.OP_CLASS)[c["op"]]
+                                                  == model.BITCAST_CLASS)
+  first_input = jnp.maximum(tc[:, 0], 0)
+  resolve = lambda x: model.resolve_bitcasts(x, is_bitcast, first_input)  # noqa: E731
+
+  # The slots whose own fields or input chains changed: dirty, and readers of dirty slots.
+  reached = _mark(n, d, base.readers[d])
+  (r,) = jnp.nonzero(reached, size=MAX_REACHED, fill_value=n)
+  on = r < n
+  rr = jnp.minimum(r, n - 1)
+  kr = kinds_at(rr)
+  tr = tc[rr]
+  vr = (tr >= 0) & on[:, None]
+  src_c = resolve(jnp.maximum(tr, 0))  # [R, K]
+  self_c = resolve(rr)
+  force_c = vr & (kr.is_mm | kr.is_conv)[:, None]
+  out_c = on & c["alive"][rr] & c["is_output"][rr]
+  first_c = jnp.where(on & kr.mmconv & vr[:, 0], src_c[:, 0], n)
+  src_p, self_p = ctx.src[rr], ctx.self_ids[rr]
+  force_p = ctx.force[rr] & on[:, None]
+  out_p = ctx.out_node[rr] & on
+  first_p = jnp.where(on, ctx.first_src[rr], n)
+  # Their edges' contributions to the counts, parent's out and child's in.
+  delta = lambda new, new_on, old, old_on: (  # noqa: E731
+      jnp.zeros([n + 1], jnp.int32)
+      .at[jnp.where(new_on, new, n).reshape(-1)].add(1)
+      .at[jnp.where(old_on, old, n).reshape(-1)].add(-1))
+  need_delta = delta(src_c, force_c, src_p, force_p)
+  out_delta = delta(self_c, out_c, self_p, out_p)
+  readers_delta = delta(first_c, first_c < n, first_p, first_p < n)
+  # Producers whose sibling candidates cross the count of 2: all their candidates change.
+  prod = jnp.concatenate([first_p, first_c])
+  before = ctx.readers[prod]
+  flips = (prod < n) & ((before >= 2) != (before + readers_delta[prod] >= 2))
+  flipped = jnp.where(flips[:, None], base.siblings[prod], n)
+  rows_on = _mark(n, r, jnp.where(force_c, src_c, n), jnp.where(force_p, src_p, n),
+                  jnp.where(out_c, self_c, n), jnp.where(out_p, self_p, n), flipped)
+  (s,) = jnp.nonzero(rows_on, size=MAX_ROWS, fill_value=n)
+  son = s < n
+  ss = jnp.minimum(s, n - 1)
+
+  # The child's features on those rows, with the patched counts.
+  ks = kinds_at(ss)
+  ts = tc[ss]
+  vs = ts >= 0
+  safe = jnp.maximum(ts, 0)
+  numel, out_mb = model.row_out_mb(c["shape"][ss], c["dtype"][ss])
+  in_mb = jnp.where(vs, model.row_out_mb(c["shape"][safe], c["dtype"][safe])[1], 0.0)
+  src = resolve(safe)
+  src_loop_out = kinds_at(src).loop_out
+  materialise = ((ctx.need_count[ss] + need_delta[ss] > 0)
+                 | (ctx.out_count[ss] + out_delta[ss] > 0))
+  first = jnp.where(ks.mmconv & vs[:, 0], src[:, 0], n)
+  sibling = ks.mmconv & (ctx.readers[first] + readers_delta[first] >= 2)
+  feats = model.row_columns(ks, c["op"][ss], numel, out_mb, vs, in_mb, src_loop_out,
+                            materialise, sibling, flops[ss], ef)
+  costs, missing = _row_costs(feats, coeffs, None if hit is None else hit[ss],
+                              None if kms is None else kms[ss])
+  change = jnp.sum(jnp.where(son, costs - base.row_cost[ss], 0.0))
+  # Missing kernels: the child's rows here, the parent's elsewhere.
+  missing_elsewhere = (jnp.sum(base.row_missing.astype(jnp.int32))
+                       - jnp.sum((son & base.row_missing[ss]).astype(jnp.int32))) > 0
+  exact = ((reached.sum() <= MAX_REACHED) & (rows_on.sum() <= MAX_ROWS)
+           & ~jnp.any(base.readers_full[d]) & ~jnp.any(flips & base.siblings_full[prod]))
+  return change, jnp.any(son & missing) | missing_elsewhere, exact
+
+
 def candidate_cost(parent: layout.Graph, base: CostBase, child: layout.Graph,
                    coeffs: model.CostCoefficients, *, max_changed: int | None = None,
                    kernels: model.KernelTable | None = None
@@ -257,25 +405,23 @@ def candidate_cost(parent: layout.Graph, base: CostBase, child: layout.Graph,
 
   `child` must be `parent` after one `rules.edit.apply_edit` (same capacity; every unread node
   freed, so its liveness is `alive`, as `graph_cost(child, pruned=True)`); `base` is
-  `cost_base(parent, kernels)`. Pure and jittable; vmap it over the candidates of one parent.
-  `max_changed`: default MAX_CHANGED (read at trace time). `kernels`: measured kernel times
-  (`model.measured_costs`), the same table as `base`'s.
+  `cost_base(parent, coeffs, kernels)`. Pure and jittable; vmap it over the candidates of one
+  parent. `max_changed`: default MAX_CHANGED (read at trace time). `kernels`: measured kernel
+  times (`model.measured_costs`), the same table as `base`'s.
   """
   max_changed = MAX_CHANGED if max_changed is None else max_changed
   n = base.flops.shape[0]
-  idx, operands, rows_exact, keys = _changed_rows(parent, base, child, max_changed, kernels)
-  flops = _changed_flops(base, operands, idx)
-  const_total, const_exact = _const_total(base, parent, child, max_changed)
-  feats = model.node_features(child, coeffs.epilogue_fusion, pruned=True, flops=flops,
-                              const_mb=jnp.zeros([n], jnp.float32))
+  p, c = parent.nodes, child.nodes
+  tp, tc = layout.input_table(parent), layout.input_table(child)
+  changed_inputs = jnp.any(tp != tc, axis=-1)
+  dirty = (p["alive"] != c["alive"]) | (p["is_constant"] != c["is_constant"]) | changed_inputs
+  (d,) = jnp.nonzero(dirty, size=max_changed, fill_value=n)
+  flops, hit, kms = _changed_flops(parent, base, child, d,
+                                   changed_inputs[jnp.minimum(d, n - 1)], kernels)
+  rows, missing, rows_exact = _row_delta(base, child, tc, d, flops, hit, kms, coeffs)
+  const_total, const_exact = _const_total(base, parent, child, d, tp, tc)
   w = jnp.asarray(coeffs.weights, jnp.float32)
-  costs = feats @ w
-  missing = jnp.asarray(False)
-  if kernels is not None:
-    fresh_hit, fresh_ms = model.lookup_kernels(kernels, keys)
-    hit = base.kernel_hit.at[idx].set(fresh_hit, mode="drop")  # idx == n: dropped
-    kms = base.kernel_ms.at[idx].set(fresh_ms, mode="drop")
-    costs, missing = model.measured_costs(costs, feats, hit, kms, coeffs)
-  cost = (jnp.asarray(coeffs.call_ms, jnp.float32) + jnp.sum(costs)
+  cost = (jnp.asarray(coeffs.call_ms, jnp.float32) + base.row_total + rows
           + w[_CONST_COLUMN] * const_total)
-  return cost, rows_exact & const_exact, missing
+  exact = (dirty.sum() <= max_changed) & rows_exact & const_exact
+  return cost, exact, missing if kernels is not None else jnp.asarray(False)

@@ -17,7 +17,7 @@ Fusion model (what XLA does with the graph, checked against compiled HLO on CPU)
   * Input nodes, dead slots and nodes from which no output is reachable cost nothing; constant
     nodes (`is_constant`: evaluated once at lowering) cost only `const.mb` (below).
   * Reshape, Squeeze and Unsqueeze are bitcasts: no kernel and no traffic; fusion decisions look
-    through them (`_BITCAST_DEPTH` levels).
+    through them (`BITCAST_DEPTH` levels).
   * MatMul, Conv2D, Softmax, LayerNorm, pools and reductions are kernels of their own: one
     launch, their FLOPs, and the bytes of all inputs plus the output.
   * Elementwise ops and cheap data movement (Transpose, Slice, Concat, Pad, Gather, Cast, Where,
@@ -83,7 +83,8 @@ NUM_FEATURES = len(FEATURE_NAMES)
 
 _MATMUL, _CONV, _GCONV, _NORM, _REDUCE, _LOOP = range(len(CLASSES))
 _SOURCE, _BITCAST = len(CLASSES), len(CLASSES) + 1  # cost nothing
-_BITCAST_DEPTH = 4
+BITCAST_CLASS = _BITCAST
+BITCAST_DEPTH = 4
 _CONST_HASH_DEPTH = 4
 _ACT_FLOPS = np.zeros([len(Activation)], np.float32)
 _ACT_FLOPS[[Activation.RELU, Activation.SIGMOID, Activation.TANH, Activation.GELU]] = [1, 4, 4, 8]
@@ -302,7 +303,7 @@ def row_kinds(op: jax.Array, attrs: jax.Array, alive: jax.Array, is_constant: ja
                   epilogue=epilogue, loop_out=is_loop | heavy_fuses)
 
 
-def _out_mb(shape: jax.Array, dtype: jax.Array) -> tuple[jax.Array, jax.Array]:
+def row_out_mb(shape: jax.Array, dtype: jax.Array) -> tuple[jax.Array, jax.Array]:
   """(numel, megabytes) of outputs of shape [..., R] and dtype [...]."""
   numel = jnp.prod(shape.astype(jnp.float32), axis=-1)
   return numel, numel * ops.dtype_size(jnp, dtype).astype(jnp.float32) / 1e6
@@ -367,8 +368,8 @@ def row_columns(kinds: RowKinds, op: jax.Array, numel: jax.Array, out_mb: jax.Ar
 def resolve_bitcasts(x: jax.Array, is_bitcast: jax.Array, first_input: jax.Array
                      ) -> jax.Array:
   """int32[...]: the producer each slot id `x` resolves to through chains of bitcasts
-  (`_BITCAST_DEPTH` levels), given every slot's `is_bitcast` and first input [N]."""
-  for _ in range(_BITCAST_DEPTH):
+  (`BITCAST_DEPTH` levels), given every slot's `is_bitcast` and first input [N]."""
+  for _ in range(BITCAST_DEPTH):
     x = jnp.where(is_bitcast[x], first_input[x], x)
   return x
 
@@ -426,7 +427,7 @@ def graph_context(graph: layout.Graph, epilogue_fusion: bool = False, *,
   live = nd["alive"] if pruned else transforms.live_nodes(graph)
   kinds = row_kinds(nd["op"], nd["attrs"], live, nd["is_constant"], valid.sum(-1),
                     epilogue_fusion)
-  numel, out_mb = _out_mb(nd["shape"], nd["dtype"])
+  numel, out_mb = row_out_mb(nd["shape"], nd["dtype"])
   self_ids = resolve_bitcasts(jnp.arange(n, dtype=jnp.int32), kinds.is_bitcast, safe[:, 0])
   src = self_ids[safe]  # [N, K]
   # Which outputs must be written to memory: graph outputs (through bitcasts) and inputs of

@@ -301,7 +301,7 @@ class Expander:
     rule = (idx // rs.max_locations).astype(jnp.int32)
     nodes = match.nodes.reshape(a, -1)[idx]  # [B, P]
     incremental_cost = n >= incremental.MIN_CAPACITY
-    base = incremental.cost_base(graph, table) if incremental_cost else None
+    base = incremental.cost_base(graph, self.coeffs, table) if incremental_cost else None
     parent_rows = identity.row_hashes(graph, ids)
 
     def one(r, bound, keep):
