@@ -112,9 +112,15 @@ def test_costs_equal_applying_each_candidate(toy, ruleset, expander):
 def test_bucket_sizes():
   a = 5248
   small = search.expand.MIN_BUCKET
-  assert [search.bucket_size(c, a) for c in (0, 1, small, small + 1, 2 * small + 1, 5000,
-                                             6000)] == [small, small, small, 2 * small,
-                                                        4 * small, a, a]
+  counts = (0, 1, small, small + 1, small * 3 // 2, small * 3 // 2 + 1, 2 * small + 1,
+            3 * small + 1, 5000, 6000)
+  assert [search.bucket_size(c, a) for c in counts] == [
+      small, small, small, small * 3 // 2, small * 3 // 2, 2 * small, 3 * small, 4 * small,
+      a, a]
+  sizes = sorted({search.bucket_size(c, 10**6) for c in range(1, 10_000)})
+  assert sizes[:6] == [64, 96, 128, 192, 256, 384] and sizes[-1] == 12288
+  for c in range(1, 10_000):  # never under the count, never more than 1.5x it past the floor
+    assert c <= search.bucket_size(c, 10**6) <= max(small, 1.5 * c)
   assert search.bucket_size(3, 8) == 8  # never more slots than actions
 
 
@@ -126,7 +132,7 @@ def test_bucketed_expansion_equals_each_candidate_alone_on_a_zoo_model(monkeypat
   alone) is exercised; its exact path is checked by the rewrite walks of test_rules."""
   from xrlflow_jax import models  # pylint: disable=g-import-not-at-top
   from xrlflow_jax.cost import incremental  # pylint: disable=g-import-not-at-top
-  monkeypatch.setattr(search.expand, "MIN_BUCKET", 8)
+  monkeypatch.setattr(search.expand, "MIN_BUCKET", 10)  # buckets 10, 15, 20, 30, ...
   monkeypatch.setattr(incremental, "MAX_CHANGED", 1)
   monkeypatch.setattr(incremental, "MIN_CAPACITY", 0)  # this graph is smaller
   # Rewrites that change more than 4 rows (5 here) are hashed again alone: both paths run.
@@ -142,7 +148,7 @@ def test_bucketed_expansion_equals_each_candidate_alone_on_a_zoo_model(monkeypat
   mask = np.asarray(ex.match(graph)[0]).reshape(-1)
   (bucket,) = ex.stats.buckets
   assert bucket == search.bucket_size(int(mask.sum()), rs.num_actions)
-  assert 8 < mask.sum() < bucket  # a size up from the smallest, with empty slots at its end
+  assert 10 < mask.sum() < bucket  # a size up from the smallest, with empty slots at its end
   np.testing.assert_array_equal(np.sort(children.actions), np.flatnonzero(mask))
   valid, costs = np.asarray(exp.valid), np.asarray(exp.cost)
   assert valid.sum() == children.ok.sum() and np.isinf(costs[~valid]).all()
