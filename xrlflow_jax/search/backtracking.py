@@ -12,7 +12,7 @@ import numpy as np
 from xrlflow_jax.graph import layout
 from xrlflow_jax.graph.params import ParamStore
 from xrlflow_jax.search import guard
-from xrlflow_jax.search.expand import Expander, check_graph, improves
+from xrlflow_jax.search.expand import Children, Expander, check_graph, improves
 from xrlflow_jax.search.result import RewriteStep, SearchError, SearchResult
 
 
@@ -51,21 +51,21 @@ def taso(graph: layout.Graph, params: ParamStore, expander: Expander, *, budget:
   cost0 = float(first[0].current)
   tie = itertools.count()
   # Queue entries: (cost, tie, graph or None, its identities or its Children, its bucket
-  # position or None, its steps). A pushed child stays unbuilt (Children, position) until
-  # popped: most pushed graphs are never expanded.
+  # position or None, its steps). A pushed child stays unbuilt (Children, position, and its
+  # parent's steps: its own is recorded when built) until popped: most pushed graphs are
+  # never expanded.
   queue: list[tuple[float, int, Any, Any, Any, tuple[RewriteStep, ...]]] = [
       (cost0, next(tie), g0, ids0, None, ())]
   seen = {expander.graph_hash(g0, ids0)}
   best_cost, best_entry = cost0, queue[0]
   expanded = costed = 0
-  num_l = expander.max_locations
   while queue and expanded < budget:
     entry = heapq.heappop(queue)
     cost, _, g, ids, i, steps = entry
     if cost > alpha * best_cost:
       continue  # pushed before the best improved: outside the window now (TASO drops these)
     if g is None:
-      g, ids = ids.child(i)
+      g, ids, steps = _build(expander, ids, i, steps)
     exp, children = first if expanded == 0 else expander.expand(g, ids)
     valid, costs = np.asarray(exp.valid), np.asarray(exp.cost)
     expanded += 1
@@ -74,7 +74,6 @@ def taso(graph: layout.Graph, params: ParamStore, expander: Expander, *, budget:
     order = order[valid[order] & (costs[order] < alpha * best_cost)]
     if max_children is not None:
       order = order[:max_children]
-    nodes_all = np.asarray(exp.nodes)
     for a in order.tolist():
       c = float(costs[a])
       if not c < alpha * best_cost:
@@ -82,9 +81,7 @@ def taso(graph: layout.Graph, params: ParamStore, expander: Expander, *, budget:
       j = children.fresh(a, seen)
       if j is None:
         continue
-      r, loc = divmod(a, num_l)
-      child = (c, next(tie), None, children, j,
-               steps + (expander.step(r, loc, nodes_all[r, loc]),))
+      child = (c, next(tie), None, children, j, steps)
       if improves(c, best_cost):
         best_cost, best_entry = c, child
       heapq.heappush(queue, child)
@@ -92,13 +89,21 @@ def taso(graph: layout.Graph, params: ParamStore, expander: Expander, *, budget:
       queue = _cheapest(queue, max_queue)
   _, _, best_g, best_ids, best_i, best_steps = best_entry
   if best_g is None:
-    best_g = best_ids.child(best_i)[0]
+    best_g, _, best_steps = _build(expander, best_ids, best_i, best_steps)
   return guard.finish("taso", g0, best_g, list(best_steps), params, initial_cost=cost0,
                       best_cost=best_cost, measure=measure, started=started,
                       graphs_expanded=expanded, candidates_costed=costed,
                       options={"budget": budget, "alpha": alpha, "max_children": max_children,
                                "max_queue": max_queue, "graphs_seen": len(seen)},
                       measure_options=measure_options)
+
+
+def _build(expander: Expander, children: Children, i: int, steps: tuple[RewriteStep, ...]
+           ) -> tuple[layout.Graph, np.ndarray, tuple[RewriteStep, ...]]:
+  """(graph, its node identities, its steps) of candidate `i` of an expansion whose graph
+  was reached by `steps`."""
+  r, loc = divmod(int(children.actions[i]), children.num_locations)
+  return (*children.child(i), steps + (expander.step(r, loc, children.nodes[i]),))
 
 
 def _cheapest(queue: list[tuple], k: int) -> list[tuple]:

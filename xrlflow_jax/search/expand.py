@@ -203,6 +203,7 @@ class Expander:
   def __init__(self, ruleset: RuleSet, coeffs: cost_model.CostCoefficients,
                kernels: KernelTimes | None = None):
     self.ruleset = ruleset
+    self._names = tuple(ruleset.names)
     self.coeffs = coeffs
     self.kernels = kernels
     closure = (ruleset, coeffs)  # what the traced bodies close over (part of the disk key)
@@ -475,7 +476,7 @@ class Expander:
 
   def step(self, rule: int, location: int, nodes: Any) -> RewriteStep:
     """The RewriteStep record of rule index `rule` at `location` with bound `nodes`."""
-    return RewriteStep(self.ruleset.names[rule], int(rule), int(location),
+    return RewriteStep(self._names[rule], int(rule), int(location),
                        tuple(int(v) for v in np.asarray(nodes)))
 
   def new_child(self, children: Children, action: int, nodes: Any,
