@@ -392,12 +392,13 @@ def test_incremental_cost_is_not_exact_past_its_reader_table(zoo_costs):
       assert float(incr) == pytest.approx(float(full_cost(child)), rel=1e-6)
 
 
-@pytest.mark.parametrize("name", ["resnet18", "bert"])
+@pytest.mark.parametrize("name", ["resnet18", pytest.param("bert", marks=pytest.mark.slow)])
 def test_incremental_cost_with_fused_epilogues_equals_the_full_model(name, zoo_match,
                                                                      zoo_apply):
   """The GPU form of the model (bias and activation fused into MatMul/Conv2D kernels, so
   consumers join them): every candidate of a tiny zoo graph, incremental == full, all exact.
-  BERT's Q/K/V projections are sibling MatMuls, whose merges cross the count of 2."""
+  ResNet-18's merges of sibling convolutions cross the count of 2 (dropping the sibling rows
+  fails this test)."""
   coeffs = dataclasses.replace(cost.load_coefficients(), epilogue_fusion=True)
   full = jax.jit(lambda g: cost.graph_cost(g, coeffs, pruned=True))
   incr = jax.jit(lambda p, c: incremental.candidate_cost(
