@@ -337,7 +337,6 @@ def test_incremental_cost_is_not_exact_where_a_hash_change_spreads(zoo_costs):
   reader's sub-tree hash too, beyond the slots the rewrite touched: the incremental cost says
   it is not exact (the search then costs the child alone), and says exact where nothing
   spreads."""
-  full_cost, _, incremental_cost = zoo_costs
   rs = RuleSet([BY_NAME["transpose_fuse"]], max_locations=4)
 
   def build(extra_reader: bool):
@@ -351,15 +350,21 @@ def test_incremental_cost_is_not_exact_where_a_hash_change_spreads(zoo_costs):
     b.output(b.matmul(x, r))
     return b.build(capacity=256)[0]  # the capacity of the zoo tests: one compile of the costs
   for extra_reader, want_exact in ((False, True), (True, False)):
-    graph = build(extra_reader)
-    m = jax.jit(rs.match)(graph)
-    (a,) = np.flatnonzero(np.asarray(m.mask).reshape(-1))
-    child, ok = jax.jit(rs.apply_action)(graph, m, int(a))
-    assert bool(ok)
-    incr, exact = incremental_cost(graph, child)
-    assert bool(exact) == want_exact
-    if want_exact:
-      assert float(incr) == pytest.approx(float(full_cost(child)), rel=1e-6)
+    _check_one_rewrite(rs, build(extra_reader), zoo_costs, want_exact)
+
+
+def _check_one_rewrite(rs: RuleSet, graph, zoo_costs, want_exact: bool) -> None:
+  """Applies the one candidate of `rs` on `graph`: the incremental cost says exact as told,
+  and then equals the full model."""
+  full_cost, _, incremental_cost = zoo_costs
+  m = jax.jit(rs.match)(graph)
+  (a,) = np.flatnonzero(np.asarray(m.mask).reshape(-1))
+  child, ok = jax.jit(rs.apply_action)(graph, m, int(a))
+  assert bool(ok)
+  incr, exact = incremental_cost(graph, child)
+  assert bool(exact) == want_exact
+  if want_exact:
+    assert float(incr) == pytest.approx(float(full_cost(child)), rel=1e-6)
 
 
 def test_incremental_cost_is_not_exact_past_its_reader_table(zoo_costs):
@@ -367,7 +372,6 @@ def test_incremental_cost_is_not_exact_past_its_reader_table(zoo_costs):
   parent's reader table keeps (`incremental.MAX_READERS`): the rows it can change are not all
   known, so the incremental cost says it is not exact; with fewer readers it is exact and
   equal to the full model."""
-  full_cost, _, incremental_cost = zoo_costs
   rs = RuleSet([BY_NAME["transpose_fuse"]], max_locations=4)
 
   def build(readers: int):
@@ -381,15 +385,7 @@ def test_incremental_cost_is_not_exact_past_its_reader_table(zoo_costs):
     return b.build(capacity=256)[0]
   for readers, want_exact in ((incremental.MAX_READERS // 2, True),
                               (incremental.MAX_READERS + 2, False)):
-    graph = build(readers)
-    m = jax.jit(rs.match)(graph)
-    (a,) = np.flatnonzero(np.asarray(m.mask).reshape(-1))
-    child, ok = jax.jit(rs.apply_action)(graph, m, int(a))
-    assert bool(ok)
-    incr, exact = incremental_cost(graph, child)
-    assert bool(exact) == want_exact, readers
-    if want_exact:
-      assert float(incr) == pytest.approx(float(full_cost(child)), rel=1e-6)
+    _check_one_rewrite(rs, build(readers), zoo_costs, want_exact)
 
 
 @pytest.mark.parametrize("name", ["resnet18", pytest.param("bert", marks=pytest.mark.slow)])
