@@ -119,15 +119,6 @@ class CostBase:
   kernel_ms: jax.Array | None = None
 
 
-def _out_mb(graph: layout.Graph, rows: jax.Array | None = None) -> jax.Array:
-  """float32[N] (or [M] for `rows`): each slot's output megabytes."""
-  shape, dtype = graph.nodes["shape"], graph.nodes["dtype"]
-  if rows is not None:
-    shape, dtype = shape[rows], dtype[rows]
-  numel = jnp.prod(shape.astype(jnp.float32), axis=-1)
-  return numel * ops.dtype_size(jnp, dtype).astype(jnp.float32) / 1e6
-
-
 def _reverse_table(target: jax.Array, source: jax.Array, n: int, cap: int
                    ) -> tuple[jax.Array, jax.Array]:
   """(int32[n + 1, cap], bool[n + 1]): for each slot t < n, the distinct `source` values of the
@@ -172,7 +163,7 @@ def cost_base(graph: layout.Graph, coeffs: model.CostCoefficients,
   const_reader = (table >= 0) & (alive & nd["is_constant"])[:, None]
   const_read = jax.ops.segment_max(const_reader.reshape(-1).astype(jnp.int32),
                                    jnp.maximum(table, 0).reshape(-1), num_segments=n) > 0
-  mb = _out_mb(graph)
+  mb = model.row_out_mb(nd["shape"], nd["dtype"])[1]
   first = model.distinct_constant_mb(graph, table, alive, mb)
   operands = model.flop_operands(graph)
   flops = jax.vmap(ops.flops_jit)(*operands)
@@ -275,7 +266,7 @@ def _const_total(base: CostBase, parent: layout.Graph, child: layout.Graph, d: j
   pos = where_dirty[sr]
   final = jnp.where(pos >= 0, rounds[-1][jnp.maximum(pos, 0)], base.hashes[-1][sr])
   key = model.class_key(boundary, final)
-  mb = _out_mb(child, sr)
+  mb = model.row_out_mb(c["shape"][sr], c["dtype"][sr])[1]
   no_class = jnp.uint32(model.NO_CLASS)
   changed = once & ((key != base.const_key[sr]) | ((key != no_class) & (mb != base.const_mb[sr])))
   (j,) = jnp.nonzero(changed, size=m, fill_value=s_len)
@@ -329,8 +320,8 @@ def _row_delta(base: CostBase, child: layout.Graph, tc: jax.Array, d: jax.Array,
   kinds_at = lambda rows: model.row_kinds(  # noqa: E731
       c["op"][rows], c["attrs"][rows], c["alive"][rows], c["is_constant"][rows],
       (tc[rows] >= 0).sum(-1), ef)
-  is_bitcast = c["alive"] & ~c["is_constant"] & (jnp.asarray(model.OP_CLASS)[c["op"]]
-                                                  == model.BITCAST_CLASS)
+  is_bitcast = model.row_kinds(c["op"], c["attrs"], c["alive"], c["is_constant"],
+                               (tc >= 0).sum(-1), ef).is_bitcast  # [N]; the rest is unused
   first_input = jnp.maximum(tc[:, 0], 0)
   resolve = lambda x: model.resolve_bitcasts(x, is_bitcast, first_input)  # noqa: E731
 
@@ -424,4 +415,4 @@ def candidate_cost(parent: layout.Graph, base: CostBase, child: layout.Graph,
   cost = (jnp.asarray(coeffs.call_ms, jnp.float32) + base.row_total + rows
           + w[_CONST_COLUMN] * const_total)
   exact = (dirty.sum() <= max_changed) & rows_exact & const_exact
-  return cost, exact, missing if kernels is not None else jnp.asarray(False)
+  return cost, exact, missing

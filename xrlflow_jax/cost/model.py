@@ -83,7 +83,6 @@ NUM_FEATURES = len(FEATURE_NAMES)
 
 _MATMUL, _CONV, _GCONV, _NORM, _REDUCE, _LOOP = range(len(CLASSES))
 _SOURCE, _BITCAST = len(CLASSES), len(CLASSES) + 1  # cost nothing
-BITCAST_CLASS = _BITCAST
 BITCAST_DEPTH = 4
 _CONST_HASH_DEPTH = 4
 _ACT_FLOPS = np.zeros([len(Activation)], np.float32)
@@ -442,8 +441,8 @@ def graph_context(graph: layout.Graph, epilogue_fusion: bool = False, *,
   # Siblings: MatMul/Conv2D nodes whose first input (through bitcasts) feeds another of them.
   first_src = jnp.where(kinds.mmconv & valid[:, 0], src[:, 0], n)
   readers = jax.ops.segment_sum(kinds.mmconv.astype(jnp.int32), first_src, num_segments=n + 1)
-  return GraphContext(live=live, kinds=kinds, numel=numel, out_mb=out_mb, table=table, valid=valid,
-                      self_ids=self_ids, src=src, force=force, need_count=need_count,
+  return GraphContext(live=live, kinds=kinds, numel=numel, out_mb=out_mb, table=table,
+                      valid=valid, self_ids=self_ids, src=src, force=force, need_count=need_count,
                       out_node=out_node, out_count=out_count, first_src=first_src,
                       readers=readers)
 

@@ -378,7 +378,8 @@ class Expander:
       ids = self._call(self._identities, graph)
     table = self._kernel_table()
     match, count, current, missing = self._call(self._match, graph, table)
-    if bool(missing):  # a kernel the table does not have: measured, then matched again
+    if bool(missing):  # a kernel the table does not have: measured, then matched again (the
+      # graph's cost from the same call a warm expansion makes, so it rounds the same)
       table = self._measure_kernels(graph)
       match, count, current, missing = self._call(self._match, graph, table)
     count = int(count)
@@ -395,9 +396,9 @@ class Expander:
       # the queue between equal-cost candidates).
       actions = np.asarray(idx)[misses]
       nodes = np.asarray(match.nodes).reshape(self.num_actions, -1)[actions]
+      parent, parent_ids = layout.to_host(graph), np.asarray(ids)
       for a, bound in zip(actions, nodes):
-        child, _ = self._build_child(layout.to_host(graph), np.asarray(ids),
-                                     int(a) // self.max_locations, bound)
+        child, _ = self._build_child(parent, parent_ids, int(a) // self.max_locations, bound)
         table = self._measure_kernels(child)
       valid, cost, idx, ok, exact, hashes, hashed, missing = self._call(
           self._bucket, graph, ids, match, table, size=size)
