@@ -247,10 +247,11 @@ def _fuzz(tmp_path: Path, capsys, monkeypatch, *, shapes: int, mutations: int, s
 
 def test_cli_fuzz(tmp_path, capsys, monkeypatch):
   # The default suite's size (its time is most of it in the inputs that run: each new shape
-  # compiles); `test_cli_fuzz_large` (-m slow) tries 400 shapes and 400 mutated files.
-  counts = _fuzz(tmp_path, capsys, monkeypatch, shapes=80, mutations=20, seed=0)
+  # compiles; 80 shapes and 20 files took 100 s of the suite's 15 minutes); `test_cli_fuzz_large`
+  # (-m slow) tries 400 shapes and 400 mutated files.
+  counts = _fuzz(tmp_path, capsys, monkeypatch, shapes=40, mutations=10, seed=0)
   print(counts)
-  assert counts["inputs"] >= 120 and counts["error"] + counts["usage"] > 80, counts
+  assert counts["inputs"] >= 70 and counts["error"] + counts["usage"] > 40, counts
   assert counts.get("ok", 0) >= 2, counts  # the good model and NaN weights at least
 
 

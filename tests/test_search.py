@@ -331,7 +331,11 @@ def test_policy_accepts_a_runner_state_and_raw_params(toy, ruleset, expander):
 # The guard
 # ----------------------------------------------------------------------------------------------
 
-def test_policy_observes_what_an_exact_delta_environment_offers(toy, ruleset, expander):
+# Each environment compiles for ~25 s: the default suite checks the capped one (the first
+# candidates offered, their deltas); the uncapped one runs with -m slow (the environment's own
+# exact-delta test covers every candidate).
+@pytest.mark.parametrize("cap", [1, pytest.param(0, marks=pytest.mark.slow)])
+def test_policy_observes_what_an_exact_delta_environment_offers(toy, ruleset, expander, cap):
   """With an environment that builds at most `max_candidates` candidates for its exact delta,
   the policy driver's observation (from the Expander's expansion) is the environment's: the
   same offered mask (the first valid candidates) and the same deltas."""
@@ -339,20 +343,19 @@ def test_policy_observes_what_an_exact_delta_environment_offers(toy, ruleset, ex
   node_cost_fn = lambda g: cost.node_costs(g, COEFFS)  # pylint: disable=unnecessary-lambda-assignment
   cost_fn = lambda g: cost.graph_cost(g, COEFFS)  # pylint: disable=unnecessary-lambda-assignment
   agent = Agent(ruleset, node_cost_fn, AgentConfig(head="local", hidden=16, layers=1, heads=2))
-  for cap in (0, 1):
-    env = GraphRewriteEnv([graph], ruleset, cost_fn, horizon=3, node_cost_fn=node_cost_fn,
-                          exact_candidate_delta=True, max_candidates=cap)
-    _, ts = jax.jit(env.reset)(jax.random.PRNGKey(0))
-    net = _policy_net(agent, env)
-    g = jax.tree_util.tree_map(jnp.asarray, graph)
-    exp = expander.costs(g)
-    obs = jax.jit(net.observation)(g, exp.valid, exp.nodes, exp.cost, exp.current, 0)
-    np.testing.assert_array_equal(np.asarray(obs.action_mask),
-                                  np.asarray(ts.observation.action_mask))
-    np.testing.assert_allclose(np.asarray(obs.candidate_delta),
-                               np.asarray(ts.observation.candidate_delta), rtol=1e-5, atol=1e-6)
-    if cap:
-      assert np.asarray(obs.action_mask)[:-1].sum() == cap < np.asarray(exp.valid).sum()
+  env = GraphRewriteEnv([graph], ruleset, cost_fn, horizon=3, node_cost_fn=node_cost_fn,
+                        exact_candidate_delta=True, max_candidates=cap)
+  _, ts = jax.jit(env.reset)(jax.random.PRNGKey(0))
+  net = _policy_net(agent, env)
+  g = jax.tree_util.tree_map(jnp.asarray, graph)
+  exp = expander.costs(g)
+  obs = jax.jit(net.observation)(g, exp.valid, exp.nodes, exp.cost, exp.current, 0)
+  np.testing.assert_array_equal(np.asarray(obs.action_mask),
+                                np.asarray(ts.observation.action_mask))
+  np.testing.assert_allclose(np.asarray(obs.candidate_delta),
+                             np.asarray(ts.observation.candidate_delta), rtol=1e-5, atol=1e-6)
+  if cap:
+    assert np.asarray(obs.action_mask)[:-1].sum() == cap < np.asarray(exp.valid).sum()
 
 
 def _stats(ms: float) -> cost.LatencyStats:
