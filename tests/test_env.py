@@ -181,17 +181,19 @@ def test_pool_of_mismatched_capacity_is_a_clear_error(pool):
 
 
 def test_exact_candidate_delta_matches_applying(pool):
-  """Every offered candidate's delta equals applying it and costing the result; with
+  """Every offered candidate's delta (the environment's cost is `cost.ModelCost`: deltas from
+  the incremental cost) equals applying it and costing the result in full; with
   `max_candidates` below the number of valid candidates, exactly the first ones (action order)
   are offered, the rest are masked out of the observation and not actions of the step."""
   rules = [r for r in builtin_rules() if r.name in ("merge_matmul_shared_input_2",
                                                      "matmul_tanh_fuse")]
   ruleset = RuleSet(rules, max_locations=8)
+  model_cost = cost.ModelCost(COEFFS)  # the deltas from the incremental cost (capacity 256)
   apply, cost_fn = jax.jit(ruleset.apply_action), jax.jit(_cost)
   full = None
   for cap in (0, 2):
-    env = GraphRewriteEnv([pool[0][0]], ruleset, _cost, horizon=5, exact_candidate_delta=True,
-                          max_candidates=cap)
+    env = GraphRewriteEnv([pool[0][0]], ruleset, model_cost, horizon=5,
+                          exact_candidate_delta=True, max_candidates=cap)
     state, ts = jax.jit(env.reset)(jax.random.PRNGKey(0))
     delta = np.asarray(ts.observation.candidate_delta)
     mask = np.asarray(ts.observation.action_mask)[:-1].reshape(delta.shape)

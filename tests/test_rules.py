@@ -338,19 +338,49 @@ def test_incremental_cost_is_not_exact_where_a_hash_change_spreads(zoo_costs):
   it is not exact (the search then costs the child alone), and says exact where nothing
   spreads."""
   rs = RuleSet([BY_NAME["transpose_fuse"]], max_locations=4)
-
-  def build(extra_reader: bool):
-    b = G.GraphBuilder(seed=0)
-    x = b.input((3, 24))
-    w = b.weight((2, 3, 4))
-    t = b.transpose(b.transpose(w, (1, 2, 0)), (1, 0, 2))  # folded: [4, 3, 2]
-    r = b.reshape(t, (24, 1))
-    if extra_reader:
-      r = b.unsqueeze(b.squeeze(r, [1]), [1])  # more folded readers downstream
-    b.output(b.matmul(x, r))
-    return b.build(capacity=256)[0]  # the capacity of the zoo tests: one compile of the costs
   for extra_reader, want_exact in ((False, True), (True, False)):
-    _check_one_rewrite(rs, build(extra_reader), zoo_costs, want_exact)
+    _check_one_rewrite(rs, _folded_transposes(extra_reader), zoo_costs, want_exact)
+
+
+def test_model_cost_costs_a_child_in_full_where_the_incremental_cost_is_not_exact(
+    zoo_costs, monkeypatch):
+  """`cost.ModelCost.candidate_costs` (an environment's exact candidate delta) equals costing
+  each child in full, also for children the incremental cost does not cover: with room for
+  one changed slot only, the incremental values are wrong and say so, and those children are
+  costed in full inside the same jitted call (tiny BERT, its Q/K/V MatMul merges)."""
+  rs = RuleSet([BY_NAME["merge_matmul_shared_input_2"]], max_locations=4)
+  coeffs = cost.load_coefficients()
+  full_cost = zoo_costs[0]
+  graph, _ = models.build("bert", "tiny", capacity=256)
+  m = jax.jit(rs.match)(graph)
+  children, _, ok = jax.jit(rs.candidates)(graph, m.nodes, m.mask)
+  ok = np.flatnonzero(np.asarray(ok))
+  assert len(ok) >= 2
+  want = np.asarray([float(full_cost(jax.tree_util.tree_map(lambda x, i=i: x[i], children)))
+                     for i in ok])
+  for max_changed in (incremental.MAX_CHANGED, 1):
+    monkeypatch.setattr(incremental, "MAX_CHANGED", max_changed)  # read when traced
+    got = np.asarray(jax.jit(cost.ModelCost(coeffs).candidate_costs)(graph, children))[ok]
+    np.testing.assert_allclose(got, want, rtol=1e-6, err_msg=f"MAX_CHANGED {max_changed}")
+  base = incremental.cost_base(graph, coeffs)  # still MAX_CHANGED 1: the fallback was needed
+  incr, exact, _ = jax.vmap(lambda c: incremental.candidate_cost(graph, base, c, coeffs))(
+      jax.tree_util.tree_map(lambda x: x[ok], children))
+  assert not np.asarray(exact).any()
+  assert np.abs(np.asarray(incr) / want - 1).max() > 1e-3
+
+
+def _folded_transposes(extra_reader: bool):
+  """x @ reshape(transpose(transpose(w))) with folded constants (and, with `extra_reader`,
+  more folded readers downstream), at the zoo tests' capacity (one compile of the costs)."""
+  b = G.GraphBuilder(seed=0)
+  x = b.input((3, 24))
+  w = b.weight((2, 3, 4))
+  t = b.transpose(b.transpose(w, (1, 2, 0)), (1, 0, 2))  # folded: [4, 3, 2]
+  r = b.reshape(t, (24, 1))
+  if extra_reader:
+    r = b.unsqueeze(b.squeeze(r, [1]), [1])
+  b.output(b.matmul(x, r))
+  return b.build(capacity=256)[0]
 
 
 def _check_one_rewrite(rs: RuleSet, graph, zoo_costs, want_exact: bool) -> None:

@@ -81,12 +81,10 @@ def build(config: Any, devices: Sequence[jax.Device] | None = None,
   if ruleset is None:
     ruleset = workflow.ruleset(config.env.rules, int(config.env.max_locations))
 
-  def cost_fn(g):  # the environment's graphs are pruned (`GraphRewriteEnv`)
-    return cost.graph_cost(g, coeffs, pruned=True, kernels=kernels)
-
-  def node_cost_fn(g):
-    return cost.node_costs(g, coeffs, pruned=True, kernels=kernels)
-
+  # The environment's graphs are pruned (`GraphRewriteEnv`); its exact candidate delta, when
+  # on, costs the candidates incrementally (`cost.ModelCost.candidate_costs`).
+  cost_fn = cost.ModelCost(coeffs, kernels=kernels, pruned=True)
+  node_cost_fn = cost_fn.node_costs
   env = GraphRewriteEnv(list(graphs), ruleset, cost_fn, int(config.env.horizon),
                         reward_scale=float(config.env.reward_scale), node_cost_fn=node_cost_fn,
                         exact_candidate_delta=bool(config.env.exact_candidate_delta),

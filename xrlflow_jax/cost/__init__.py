@@ -4,6 +4,7 @@ profiler, and the in-graph cost model calibrated to it.
   measure_latency, measure_interleaved, compile_graph    end-to-end XLA timing (latency)
   Profiler, graph_signatures                             per-op timing, cached on disk (profiler)
   node_costs, graph_cost, load_coefficients              jittable cost model (model)
+  ModelCost                                              it as a function; candidates' costs
   KernelTimes, KernelTable                               measured MatMul/conv times (kernel_table)
   coefficients                                           this device's, calibrated on first use
   fit_coefficients, fit_from_profiles                    non-negative least squares (fit)
@@ -13,6 +14,7 @@ The validation and rewrite-gain harnesses that use it live in `xrlflow_jax.harne
 from xrlflow_jax.cost import calibrate
 from xrlflow_jax.cost.calibrate import coefficients
 from xrlflow_jax.cost.fit import FitReport, fit_coefficients, fit_from_profiles, nnls
+from xrlflow_jax.cost.incremental import ModelCost
 from xrlflow_jax.cost.kernel_table import KernelTimes
 from xrlflow_jax.cost.latency import (BackendError, CompiledGraph, DeviceMemoryError,
                                       LatencyStats, compile_graph, measure_interleaved,
@@ -26,6 +28,7 @@ from xrlflow_jax.cost.profiler import (GraphProfile, OpSignature, ProfileCache, 
 __all__ = [
     "BackendError", "CompiledGraph", "CostCoefficients", "CostModelError", "DeviceMemoryError",
     "FEATURE_NAMES", "FitReport", "GraphProfile", "KernelTable", "KernelTimes", "LatencyStats",
+    "ModelCost",
     "OpSignature", "ProfileCache", "ProfileError", "Profiler", "calibrate", "coefficients", "compile_graph", "fit_coefficients", "fit_from_profiles",
     "graph_cost", "graph_features", "graph_signatures", "load_coefficients", "measure_interleaved",
     "measure_latency", "nnls", "node_costs", "node_features", "resolve_device",

@@ -2,6 +2,7 @@
 
     base = cost_base(graph, coeffs)                            # once per expansion
     cost, exact, missing = candidate_cost(graph, base, child, coeffs)  # per candidate (vmap)
+    ModelCost(coeffs).candidate_costs(graph, children)         # both, exact (environments)
 
 A rewrite touches a few slots: the "dirty" ones, whose aliveness, constness or inputs changed
 (at most `MAX_CHANGED`; an edit writes a slot's own fields only on slots it claims, free in the
@@ -39,6 +40,8 @@ distinct constants have distinct 31-bit hashes.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import chex
 import jax
@@ -416,3 +419,50 @@ def candidate_cost(parent: layout.Graph, base: CostBase, child: layout.Graph,
           + w[_CONST_COLUMN] * const_total)
   exact = (dirty.sum() <= max_changed) & rows_exact & const_exact
   return cost, exact, missing
+
+
+@dataclasses.dataclass(frozen=True, eq=False)  # hashed by identity (its table holds arrays)
+class ModelCost:
+  """The cost model as a function of a graph, for an environment or a training run: calling it
+  gives `model.graph_cost(graph, coeffs, pruned=pruned, kernels=kernels)` (float32[] ms), and
+  it knows how to cost one parent's children cheaply (`candidate_costs`). An environment given
+  one as its `cost_fn` builds its exact candidate delta from the incremental cost.
+
+  Attributes:
+    coeffs: the cost-model coefficients; kernels: measured kernel times (None: the roofline).
+    pruned: the graphs are pruned (every unread node freed, as the environment keeps them).
+  """
+  coeffs: model.CostCoefficients
+  kernels: model.KernelTable | None = None
+  pruned: bool = True
+
+  def __call__(self, graph: layout.Graph) -> jax.Array:
+    return model.graph_cost(graph, self.coeffs, pruned=self.pruned, kernels=self.kernels)
+
+  def node_costs(self, graph: layout.Graph) -> jax.Array:
+    """float32[N]: `model.node_costs` under the same settings."""
+    return model.node_costs(graph, self.coeffs, pruned=self.pruned, kernels=self.kernels)
+
+  def candidate_costs(self, parent: layout.Graph, children: layout.Graph) -> jax.Array:
+    """float32[C]: the cost of each of `children` (a batch of C graphs, each `parent` after one
+    `rules.edit.apply_edit`), equal to calling this on each. Jittable and vmappable.
+
+    From capacity MIN_CAPACITY up, on pruned graphs, each child is costed incrementally from
+    the parent (`candidate_cost`); the children it cannot cover exactly are then costed in
+    full, one per round of a `lax.while_loop` (none on the zoo's walks, so usually no round).
+    Below it, or unpruned, every child is costed in full.
+    """
+    if layout.capacity(parent) < MIN_CAPACITY or not self.pruned:
+      return jax.vmap(self)(children)
+    base = cost_base(parent, self.coeffs, self.kernels)
+    cost, exact, _ = jax.vmap(lambda c: candidate_cost(parent, base, c, self.coeffs,
+                                                       kernels=self.kernels))(children)
+
+    def costed_alone(carry):
+      cost, todo = carry
+      i = jnp.argmax(todo)
+      child = jax.tree_util.tree_map(lambda x: x[i], children)
+      return cost.at[i].set(self(child)), todo.at[i].set(False)
+    cost, _ = jax.lax.while_loop(lambda carry: jnp.any(carry[1]), costed_alone,
+                                 (cost.astype(jnp.float32), ~exact))
+    return cost

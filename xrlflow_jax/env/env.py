@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from xrlflow_jax.cost import incremental
 from xrlflow_jax.errors import XrlflowError
 from xrlflow_jax.graph import layout, transforms
 from xrlflow_jax.rules.ruleset import (RuleSet, RuleSetMatch, firing_rules, graph_op_counts,
@@ -105,8 +106,9 @@ class GraphRewriteEnv:
   Args:
     graphs: the pool (a list of graphs, or an already stacked pool); `reset` draws one.
     ruleset: the rewrite rules; the action space is `ruleset.num_actions + 1`.
-    cost_fn: graph -> modelled cost (float32[], jittable), e.g. `cost.graph_cost` with
-      coefficients bound and `pruned=True`.
+    cost_fn: graph -> modelled cost (float32[], jittable), e.g. `cost.ModelCost(coeffs)` (the
+      cost model on pruned graphs; with it the exact candidate delta costs the candidates
+      incrementally from the current graph, `ModelCost.candidate_costs`) or any function.
     horizon: steps before truncation.
     reward_scale: multiplies the reward (X-RLflow used 100).
     node_cost_fn: graph -> float32[N] per-node costs; enables `candidate_removed_cost`.
@@ -201,7 +203,10 @@ class GraphRewriteEnv:
     elsewhere), from the compacted build of `RuleSet.candidates`."""
     r, l = mask.shape
     graphs, index, ok = self.ruleset.candidates(graph, nodes, mask, self.max_candidates or None)
-    new = jax.vmap(self.cost_fn)(graphs).astype(jnp.float32)
+    if isinstance(self.cost_fn, incremental.ModelCost):  # the cost model: incrementally
+      new = self.cost_fn.candidate_costs(graph, graphs).astype(jnp.float32)
+    else:
+      new = jax.vmap(self.cost_fn)(graphs).astype(jnp.float32)
     target = jnp.where(ok, index, r * l)  # slots without a built candidate scatter nowhere
     flat = jnp.zeros([r * l], jnp.float32).at[target].set(new - cost, mode="drop")
     return flat.reshape(r, l)

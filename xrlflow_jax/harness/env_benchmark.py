@@ -28,9 +28,9 @@ def make_env(graphs: Sequence[layout.Graph] | layout.Graph, ruleset: RuleSet,
   """The graph-rewrite environment over `graphs` under the cost model `coeffs` (graph cost as
   the reward's cost, node costs in the observation; the environment's graphs are pruned)."""
   graphs = [graphs] if isinstance(graphs, layout.Graph) else list(graphs)
-  return GraphRewriteEnv(graphs, ruleset, lambda g: cost.graph_cost(g, coeffs, pruned=True),
-                         int(horizon), reward_scale=reward_scale,
-                         node_cost_fn=lambda g: cost.node_costs(g, coeffs, pruned=True))
+  model_cost = cost.ModelCost(coeffs, pruned=True)
+  return GraphRewriteEnv(graphs, ruleset, model_cost, int(horizon), reward_scale=reward_scale,
+                         node_cost_fn=model_cost.node_costs)
 
 
 def random_valid_action(key: jax.Array, mask: jax.Array) -> jax.Array:
