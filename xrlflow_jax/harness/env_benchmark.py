@@ -39,24 +39,30 @@ def random_valid_action(key: jax.Array, mask: jax.Array) -> jax.Array:
 
 
 def random_rollout(env: Any, steps: int) -> Callable:
-  """rollout(state, timestep, key) -> (state, episodes ended): `steps` steps of a
+  """rollout(state, timestep, key) -> (state, episodes ended, observed): `steps` steps of a
   batched (vmapped, auto-reset) env under the random valid policy, in one `lax.scan`.
 
   The stop action is excluded while a rewrite is valid, so episodes run to the horizon or to
   a graph with nothing left to match (what a random explorer of the rewrite space does).
+  `observed` is a sum over every float array of every observation: the rollout reads the whole
+  observation, as an agent does, so XLA cannot drop the parts the policy itself ignores (node
+  costs, removed costs, the exact candidate deltas).
   """
   def body(carry, key):
-    state, mask, ended = carry  # mask: bool[B, A]
+    state, mask, ended, observed = carry  # mask: bool[B, A]
     rewrites = mask.at[:, -1].set(~jnp.any(mask[:, :-1], axis=1))
     keys = jax.random.split(key, mask.shape[0])
     action = jax.vmap(random_valid_action)(keys, rewrites)
     state, ts = env.step(state, action)
-    return (state, ts.observation.action_mask, ended + jnp.sum(ts.last())), None
+    for leaf in jax.tree_util.tree_leaves(ts.observation):
+      if jnp.issubdtype(leaf.dtype, jnp.floating):
+        observed = observed + jnp.sum(leaf, dtype=jnp.float32)
+    return (state, ts.observation.action_mask, ended + jnp.sum(ts.last()), observed), None
 
   def run(state, ts, key):
-    (state, _, ended), _ = jax.lax.scan(body, (state, ts.observation.action_mask, jnp.int32(0)),
-                                        jax.random.split(key, steps))
-    return state, ended
+    init = (state, ts.observation.action_mask, jnp.int32(0), jnp.float32(0))
+    (state, _, ended, observed), _ = jax.lax.scan(body, init, jax.random.split(key, steps))
+    return state, ended, observed
   return run
 
 
