@@ -15,7 +15,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from xrlflow_jax.cost import incremental
 from xrlflow_jax.errors import XrlflowError
 from xrlflow_jax.graph import layout, transforms
 from xrlflow_jax.rules.ruleset import (RuleSet, RuleSetMatch, firing_rules, graph_op_counts,
@@ -108,7 +107,8 @@ class GraphRewriteEnv:
     ruleset: the rewrite rules; the action space is `ruleset.num_actions + 1`.
     cost_fn: graph -> modelled cost (float32[], jittable), e.g. `cost.ModelCost(coeffs)` (the
       cost model on pruned graphs; with it the exact candidate delta costs the candidates
-      incrementally from the current graph, `ModelCost.candidate_costs`) or any function.
+      incrementally from the current graph, `ModelCost.candidate_costs`) or any function; one
+      with a `candidate_costs(parent, children) -> float32[C]` method costs candidates by it.
     horizon: steps before truncation.
     reward_scale: multiplies the reward (X-RLflow used 100).
     node_cost_fn: graph -> float32[N] per-node costs; enables `candidate_removed_cost`.
@@ -203,8 +203,9 @@ class GraphRewriteEnv:
     elsewhere), from the compacted build of `RuleSet.candidates`."""
     r, l = mask.shape
     graphs, index, ok = self.ruleset.candidates(graph, nodes, mask, self.max_candidates or None)
-    if isinstance(self.cost_fn, incremental.ModelCost):  # the cost model: incrementally
-      new = self.cost_fn.candidate_costs(graph, graphs).astype(jnp.float32)
+    candidate_costs = getattr(self.cost_fn, "candidate_costs", None)  # e.g. cost.ModelCost
+    if candidate_costs is not None:  # costs a parent's children at once (incrementally)
+      new = candidate_costs(graph, graphs).astype(jnp.float32)
     else:
       new = jax.vmap(self.cost_fn)(graphs).astype(jnp.float32)
     target = jnp.where(ok, index, r * l)  # slots without a built candidate scatter nowhere
