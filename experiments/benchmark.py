@@ -14,8 +14,8 @@ throughput (steps/s of a random valid-action policy, vmapped over --env_envs env
 
 Every method uses the same rules (--rules, --max_locations) and cost model. All graphs of a
 model, original included, are compiled and timed interleaved in one process
-(`measure.compare`: --rounds rounds of --repeats_per_round runs each, in a fresh random order
-per round, with an identical copy of the original as control); each measured speedup comes with
+(`measure.compare`: --rounds rounds of --repeats_per_round runs each, more for a fast graph so
+that a round lasts --min_round_ms, in a fresh random order per round, with an identical copy of the original as control); each measured speedup comes with
 its 95% bootstrap interval and a verdict (faster / no change / slower / unchanged), and each
 graph's outputs are compared with the original's. A method that fails, or whose outputs differ,
 keeps its row with n/a and the reason in the note, and the binary exits 1 after writing the
@@ -72,7 +72,11 @@ _PPO_TIMESTEPS = flags.DEFINE_integer("ppo_timesteps", 16 * 32 * 50,
                                       "ppo: environment steps of training per model.")
 _PPO_HORIZON = flags.DEFINE_integer("ppo_horizon", 50, "ppo: episode length.")
 _ROUNDS = flags.DEFINE_integer("rounds", 10, "Interleaved timing rounds.")
-_REPEATS = flags.DEFINE_integer("repeats_per_round", 3, "Timed runs per graph per round.")
+_REPEATS = flags.DEFINE_integer("repeats_per_round", 3, "Timed runs per graph per round (at "
+                                "least; see --min_round_ms).")
+_MIN_ROUND = flags.DEFINE_float("min_round_ms", 30.0, "More runs per round for a fast graph, so "
+                                "that one graph's round lasts about this long (0: exactly "
+                                "--repeats_per_round).")
 _ENV_ENVS = flags.DEFINE_integer("env_envs", 8, "Environments of the steps/s rollout.")
 _ENV_STEPS = flags.DEFINE_integer("env_steps", 16, "Steps of the steps/s rollout.")
 _SEED = flags.DEFINE_integer("seed", 0, "Seed of weights, searches and training.")
@@ -89,7 +93,7 @@ QUICK = {"size": "tiny", "capacity": 0, "rules": ["merge_conv_shared_input_bias"
                                                    "matmul_gelu_fuse", "add_commute"],
          "max_locations": 4, "greedy_steps": 8, "taso_budget": 6, "beam_width": 2,
          "beam_steps": 3, "random_rollouts": 2, "random_steps": 4, "ppo_timesteps": 4 * 4 * 2,
-         "ppo_horizon": 6, "rounds": 5, "repeats_per_round": 1, "env_envs": 4, "env_steps": 4}
+         "ppo_horizon": 6, "rounds": 5, "repeats_per_round": 1, "min_round_ms": 5.0, "env_envs": 4, "env_steps": 4}
 
 
 def _opt(name: str) -> Any:
@@ -170,7 +174,7 @@ def benchmark_model(spec, ruleset, coeffs, methods: list[str]) -> list[dict[str,
     outcomes.append(out)
   measured = B.measure_outcomes(
       graph, params, [o.graph for o in outcomes], rounds=_opt("rounds"),
-      repeats_per_round=_opt("repeats_per_round"))
+      repeats_per_round=_opt("repeats_per_round"), min_round_ms=_opt("min_round_ms"))
   base = {"model": spec.label, "nodes_in": G.num_nodes(graph),
           "env_steps_per_s": steps_per_s}
   return B.outcome_rows(base, original, outcomes, measured)

@@ -30,7 +30,11 @@ _MODELS = flags.DEFINE_list("models", ["squeezenet1_1", "resnet18"], "Zoo models
 _SIZE = flags.DEFINE_enum("size", "tiny", ["tiny", "default"], "Zoo model size.")
 _RUNS = flags.DEFINE_integer("runs", 50, "A/A comparisons per model (and per series).")
 _ROUNDS = flags.DEFINE_integer("rounds", 10, "Interleaved rounds per comparison.")
-_REPEATS = flags.DEFINE_integer("repeats_per_round", 3, "Timed runs per graph per round.")
+_REPEATS = flags.DEFINE_integer("repeats_per_round", 3, "Timed runs per graph per round (at "
+                                "least; see --min_round_ms).")
+_MIN_ROUND = flags.DEFINE_float("min_round_ms", 30.0, "More runs per round for a fast graph, so "
+                                "that one graph's round lasts about this long (0: exactly "
+                                "--repeats_per_round), as the optimise job does.")
 _NEUTRAL = flags.DEFINE_bool("neutral", True, "Also time a neutral rewrite (add_commute).")
 _OUTPUT = flags.DEFINE_string("output", "/tmp/xrlflow_measure_aa.json", "JSON results.")
 
@@ -61,7 +65,8 @@ def series(graph, candidate, params, label: str) -> dict:
   t0 = time.perf_counter()
   for i in range(_RUNS.value):
     cmp = measure.compare(graph, [candidate], params, rounds=_ROUNDS.value,
-                          repeats_per_round=_REPEATS.value, seed=i, time_unchanged=True)
+                          repeats_per_round=_REPEATS.value, min_round_ms=_MIN_ROUND.value,
+                          seed=i, time_unchanged=True)
     verdicts.append(cmp.speedups[0].verdict)
     ratios.append(cmp.speedups[0].ratio)
     lower += cmp.candidates[0].median_ms < cmp.reference.median_ms  # the old guard's rule
@@ -83,12 +88,13 @@ def main(argv: list[str]) -> None:
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
   try:
-    measure.check_settings(_ROUNDS.value, _REPEATS.value)
+    measure.check_settings(_ROUNDS.value, _REPEATS.value, min_round_ms=_MIN_ROUND.value)
   except measure.MeasurementError as e:
     raise app.UsageError(str(e)) from None
   print(machine.machine_header(), flush=True)
   print(f"- verdict: {measure.LEVEL:.0%} bootstrap interval over {_ROUNDS.value} rounds x "
-        f"{_REPEATS.value} runs, an identical copy as control", flush=True)
+        f"{_REPEATS.value} runs (or more, a round lasting >= {_MIN_ROUND.value:g} ms), an identical "
+        "copy as control", flush=True)
   coeffs = cost.coefficients()
   results = []
   for name in _MODELS.value:
@@ -109,6 +115,7 @@ def main(argv: list[str]) -> None:
         f"{100 * lo:.1f}-{100 * hi:.1f}%)")
   Path(_OUTPUT.value).write_text(json.dumps({"machine": machine.machine_info(), "rounds":
                                              _ROUNDS.value, "repeats_per_round": _REPEATS.value,
+                                             "min_round_ms": _MIN_ROUND.value,
                                              "series": results, "false_positives": total,
                                              "runs": n}, indent=2) + "\n")
   print(f"wrote {_OUTPUT.value}")

@@ -189,12 +189,30 @@ def test_compare_finds_a_large_real_speedup_and_checks_outputs():
   fast, fast_params = _chain(1)
   assert G.structural_hash(slow) != G.structural_hash(fast)
   cmp = measure.compare(slow, [fast, slow], params, rounds=8, repeats_per_round=3,
-                        tolerance=TOL)
+                        min_round_ms=0, tolerance=TOL)
   assert cmp.control is not None and cmp.control.runs == 24
   assert cmp.speedups[0].verdict == "faster" and cmp.speedups[0].ratio > 2, cmp.speedups[0]
   assert cmp.speedups[1].verdict == "unchanged"
   assert not cmp.numerics[0].passed and cmp.numerics[1].passed
   del fast_params
+
+
+def test_compare_runs_a_fast_graph_more_times_per_round():
+  """A round of a sub-millisecond graph lasts about min_round_ms, not 3 runs; every graph of
+  the comparison runs the same count (the rounds stay paired)."""
+  graph, params = _chain(1)
+  other, _ = _chain(2)
+  cmp = measure.compare(graph, [other], params, rounds=5, repeats_per_round=3, min_round_ms=20)
+  ref_ms = cmp.reference.median_ms
+  assert ref_ms < 5, ref_ms  # the premise: this graph is fast on any machine the suite runs on
+  per_round = cmp.reference.runs // 5
+  assert per_round >= 8 and cmp.reference.runs == 5 * per_round, (per_round, ref_ms)
+  assert cmp.control.runs == cmp.candidates[0].runs == cmp.reference.runs
+  exact = measure.compare(graph, [other], params, rounds=5, repeats_per_round=3, min_round_ms=0)
+  assert exact.reference.runs == exact.control.runs == 15
+  for bad in (-1.0, float("nan"), float("inf")):
+    with pytest.raises(measure.MeasurementError, match="least time of a round"):
+      measure.compare(graph, [other], params, rounds=5, min_round_ms=bad)
 
 
 # ---------------------------------------------------------------------------------------------

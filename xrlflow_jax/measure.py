@@ -263,7 +263,8 @@ class Comparison:
   numerics: list[NumericsCheck] | None = None
 
 
-def check_settings(rounds: int, repeats_per_round: int, warmup: int = 0) -> None:
+def check_settings(rounds: int, repeats_per_round: int, warmup: int = 0,
+                   min_round_ms: float = 0.0) -> None:
   """MeasurementError naming the setting when the timing settings cannot give a verdict."""
   if int(rounds) != rounds or rounds < MIN_ROUNDS:
     raise MeasurementError(f"latency rounds must be an integer >= {MIN_ROUNDS} (the verdict is "
@@ -273,13 +274,34 @@ def check_settings(rounds: int, repeats_per_round: int, warmup: int = 0) -> None
                            f"{repeats_per_round}")
   if int(warmup) != warmup or warmup < 0:
     raise MeasurementError(f"warm-up runs must be an integer >= 0, got {warmup}")
+  if not (np.isfinite(min_round_ms) and min_round_ms >= 0):
+    raise MeasurementError(f"the least time of a round must be a finite number of ms >= 0, "
+                           f"got {min_round_ms}")
+
+
+def repeats_for(compiled: latency.CompiledGraph, repeats_per_round: int, min_round_ms: float,
+                warmup: int = 2) -> int:
+  """Runs per graph per round: at least `repeats_per_round`, more for a fast graph so that one
+  graph's round lasts about `min_round_ms` (`compiled`, usually the reference, sets the count).
+
+  A round's median is the paired unit of the verdict; on a graph of ~1 ms, 3 runs give a median
+  whose spread on a shared machine hides a 15% change."""
+  if min_round_ms <= 0:
+    return repeats_per_round
+  guess = float(np.median(latency.time_callable(compiled.fn, compiled.args, warmup=warmup,
+                                                repeats=5)))
+  return max(repeats_per_round, int(np.ceil(min_round_ms / max(guess, 1e-3))))
 
 
 def compare(reference: layout.Graph, candidates: Sequence[layout.Graph], params: ParamStore, *,
             rounds: int = 10, repeats_per_round: int = 3, warmup: int = 2,
-            backend: str | None = None, seed: int = 0, tolerance: float | None = None,
-            time_unchanged: bool = False, precision: str | None = None) -> Comparison:
+            min_round_ms: float = 30.0, backend: str | None = None, seed: int = 0,
+            tolerance: float | None = None, time_unchanged: bool = False,
+            precision: str | None = None) -> Comparison:
   """Times `candidates` against `reference` side by side, with an identical copy as control.
+
+  Each graph runs `repeats_per_round` times per round, or more for a fast reference so that a
+  round of one graph lasts about `min_round_ms` (`repeats_for`; 0 keeps the count as given).
 
   Candidates with the reference's structural hash are "unchanged" and not timed; candidates
   equal to each other are compiled once. With `tolerance`, each candidate's outputs (of its
@@ -291,7 +313,7 @@ def compare(reference: layout.Graph, candidates: Sequence[layout.Graph], params:
   Raises:
     MeasurementError: bad settings. BackendError, DeviceMemoryError: see `cost.latency`.
   """
-  check_settings(rounds, repeats_per_round, warmup)
+  check_settings(rounds, repeats_per_round, warmup, min_round_ms)
   device = latency.resolve_device(backend)
   ref_hash = graph_host.structural_hash(reference)
   hashes = [graph_host.structural_hash(g) for g in candidates]
@@ -314,6 +336,8 @@ def compare(reference: layout.Graph, candidates: Sequence[layout.Graph], params:
   compiled += [latency.compile_graph(g, params, device=device, seed=seed, precision=precision,
                                      what=f"candidate {i}")
                for i, g in enumerate(changed)]
+  if changed:
+    repeats_per_round = repeats_for(compiled[0], repeats_per_round, min_round_ms, warmup)
   times = latency.time_interleaved(compiled, rounds=rounds, repeats_per_round=repeats_per_round,
                                    warmup=warmup, seed=seed)
   stats = [latency.stats_of(t, c) for t, c in zip(times, compiled)]
@@ -403,9 +427,7 @@ def measure_side_by_side(reference: layout.Graph, graphs: Sequence[layout.Graph]
   device = latency.resolve_device(backend)
   first = latency.compile_graph(reference, params, device=device, seed=seed,
                                 precision=precision, what="the reference graph")
-  ref_guess = float(np.median(latency.time_callable(first.fn, first.args, warmup=warmup,
-                                                    repeats=5)))
-  repeats_per_round = max(repeats_per_round, int(np.ceil(min_round_ms / max(ref_guess, 1e-3))))
+  repeats_per_round = repeats_for(first, repeats_per_round, min_round_ms, warmup)
   per_graph_mb = max(first.nbytes / 1e6, 1e-3)
   size = int(max(1, min(batch_size, max_batch_mb // per_graph_mb - 2)))
   del first

@@ -268,13 +268,14 @@ class Measured:
 
 def measure_outcomes(original: Graph, params: ParamStore, graphs: Sequence[Graph | None], *,
                      rounds: int = 10, repeats_per_round: int = 3,
-                     backend: str | None = None) -> Measured:
+                     min_round_ms: float = 30.0, backend: str | None = None) -> Measured:
   """Latency of `original` and of each graph, timed interleaved in one process with an
   identical copy of the original as control (`measure.compare`), and each graph's outputs
   compared with the original's on the same random inputs."""
   present = [g for g in graphs if g is not None]  # compiling validates each of them
   cmp = measure.compare(original, present, params, rounds=rounds,
-                        repeats_per_round=repeats_per_round, backend=backend,
+                        repeats_per_round=repeats_per_round, min_round_ms=min_round_ms,
+                        backend=backend,
                         tolerance=measure.DEFAULT_TOLERANCE)
   index = iter(range(len(present)))
   at = [None if g is None else next(index) for g in graphs]

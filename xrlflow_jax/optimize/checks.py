@@ -96,7 +96,7 @@ def check_request(source: str, *, method: str, size: str,
                   input_shapes: Mapping[str, Sequence[int]] | None, output_dir: Any,
                   budget: int | None, capacity: int | None, latency_rounds: int,
                   repeats_per_round: int, tolerance: float | None, write: bool,
-                  precision: str | None = None) -> dict[str, tuple[int, ...]]:
+                  precision: str | None = None, min_round_ms: float = 0.0) -> dict[str, tuple[int, ...]]:
   """Every argument of `optimize_model` that can be checked without loading: OptimizeError
   (or MeasurementError) naming the argument. Returns the input shapes as int tuples."""
   if method not in METHODS:
@@ -114,9 +114,9 @@ def check_request(source: str, *, method: str, size: str,
     raise OptimizeError(f"the numerics tolerance must be a finite number >= 0, got "
                         f"{tolerance!r}")
   try:  # checked even with measure_latency=False: a bad value is a mistake either way
-    check_settings(latency_rounds, repeats_per_round)
+    check_settings(latency_rounds, repeats_per_round, min_round_ms=min_round_ms)
   except MeasurementError as e:
-    raise OptimizeError(f"{e} (--latency_rounds, --repeats_per_round)") from None
+    raise OptimizeError(f"{e} (--latency_rounds, --repeats_per_round, --min_round_ms)") from None
   shapes = {}
   for name, dims in dict(input_shapes or {}).items():
     shapes[str(name)] = check_shape(str(name), dims)

@@ -72,7 +72,7 @@ def optimize_model(source: str = DEFAULT_MODEL, *, method: str = "ppo", size: st
                    rules: Sequence[str] | None = None, search_options:
                    Mapping[str, Any] | None = None, measure: bool = True,
                    latency_rounds: int = 10, repeats_per_round: int = 3,
-                   tolerance: float | None = None, precision: str | None = None,
+                   min_round_ms: float = 30.0, tolerance: float | None = None, precision: str | None = None,
                    picture: bool = True,
                    cost_coefficients: str | None = None, write: bool = True,
                    keep_slower: bool = False, compilation_cache_dir: str | None = None,
@@ -92,7 +92,8 @@ def optimize_model(source: str = DEFAULT_MODEL, *, method: str = "ppo", size: st
     rules: rule names (default: every built-in rule for the searches; for "ppo"
       `default_ppo_rules`, the test config's five when they apply).
     search_options: extra keyword options of `search.optimize`.
-    measure: time both graphs with XLA (latency_rounds x repeats_per_round runs each).
+    measure: time both graphs with XLA (latency_rounds rounds of repeats_per_round runs each,
+      more runs per round for a fast graph so that a round lasts about min_round_ms).
     tolerance: bound on max |a - b| / (1 + |a|) of the outputs (default: the policy's,
       `ops.precision.tolerance`: 1e-3 at "highest").
     precision: numerics policy of matmuls and convolutions for both graphs ("highest",
@@ -114,8 +115,8 @@ def optimize_model(source: str = DEFAULT_MODEL, *, method: str = "ppo", size: st
   input_shapes = checks.check_request(
       str(source), method=method, size=size, input_shapes=input_shapes, output_dir=output_dir,
       budget=budget, capacity=capacity, latency_rounds=latency_rounds,
-      repeats_per_round=repeats_per_round, tolerance=tolerance, precision=precision,
-      write=write)
+      repeats_per_round=repeats_per_round, min_round_ms=min_round_ms, tolerance=tolerance,
+      precision=precision, write=write)
   policy = precision_lib.check(precision)
   tolerance = precision_lib.tolerance(policy) if tolerance is None else tolerance
   cache_dir = compilation_cache.enable(compilation_cache_dir)
@@ -171,7 +172,8 @@ def optimize_model(source: str = DEFAULT_MODEL, *, method: str = "ppo", size: st
   lat_before = lat_after = verdict = None
   if measure:  # one set of compiles: the timed executables' outputs are the numerics check
     comparison = compare(loaded.graph, [best], loaded.params, rounds=latency_rounds,
-                         repeats_per_round=repeats_per_round, seed=seed, tolerance=tolerance,
+                         repeats_per_round=repeats_per_round, min_round_ms=min_round_ms,
+                         seed=seed, tolerance=tolerance,
                          precision=policy)
     numerics = comparison.numerics[0]
     lat_before, lat_after, verdict = (comparison.reference, comparison.candidates[0],
