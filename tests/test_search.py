@@ -401,7 +401,7 @@ def test_measured_guard_returns_the_input_unless_faster(monkeypatch, toy, rulese
 @pytest.mark.parametrize("options, message", [
     ({"rounds": 2}, "rounds must be an integer >= 5"), ({"rounds": 0}, "rounds"),
     ({"repeats_per_round": 0}, "repeats per round"), ({"warmup": -1}, "warm-up"),
-    ({"round": 5}, "unknown measure option")])
+    ({"min_round_ms": -1.0}, "least time of a round"), ({"round": 5}, "unknown measure option")])
 def test_bad_measure_options_fail_before_the_search(monkeypatch, toy, expander, options,
                                                     message):
   graph, params = toy
@@ -418,7 +418,8 @@ def test_measured_guard_times_both_graphs_for_real(toy, expander):
   graph, params = toy
   res = search.optimize(graph, params, "beam", expander=expander, beam_width=2, steps=2,
                         measure=True,
-                        measure_options={"rounds": 5, "repeats_per_round": 2, "warmup": 1})
+                        measure_options={"rounds": 5, "repeats_per_round": 2, "warmup": 1,
+                                         "min_round_ms": 0})
   assert res.input_latency is not None and res.best_latency is not None
   assert res.input_latency.runs == 10
   if res.returned_input:

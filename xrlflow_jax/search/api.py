@@ -89,7 +89,8 @@ def optimize(graph: layout.Graph, params: ParamStore, method: str = "taso",
     from JAX's persistent compilation cache, which this turns on: `compilation_cache.enable`)
     and the number of `rules`.
     seed: PRNG seed (random and policy). measure_options: keyword options of
-      `measure.compare` (rounds, repeats_per_round, warmup, backend, seed, precision), checked
+      `measure.compare` (rounds, repeats_per_round, warmup, min_round_ms, backend, seed,
+      precision), checked
       first.
     **options: the method's settings (see the package docstring), e.g. budget=, alpha= (taso),
       beam_width=, steps= (beam), agent=, network_params= (policy).
@@ -147,5 +148,5 @@ def _check_measure_options(options: dict[str, Any]) -> None:
   if unknown:
     raise SearchError(f"unknown measure option(s) {unknown}; measure.compare takes {allowed}")
   defaults = {p: inspect.signature(compare).parameters[p].default
-              for p in ("rounds", "repeats_per_round", "warmup")}
+              for p in ("rounds", "repeats_per_round", "warmup", "min_round_ms")}
   check_settings(*(options.get(p, d) for p, d in defaults.items()))

@@ -23,7 +23,6 @@ from xrlflow_jax.cost import model as cost_model
 from xrlflow_jax.graph import host as graph_host
 from xrlflow_jax.graph import identity
 from xrlflow_jax.graph import layout
-from xrlflow_jax.rules import edit as edit_lib
 from xrlflow_jax.rules.ruleset import RuleSet, RuleSetMatch
 from xrlflow_jax.search.cache import IdentityCache
 from xrlflow_jax.search.result import RewriteStep, SearchError
@@ -300,22 +299,16 @@ class Expander:
     rs = self.ruleset
     n = layout.capacity(graph)
     a = rs.num_actions
-    flat = match.mask.reshape(-1)  # [A]
-    (idx,) = jnp.nonzero(flat, size=size, fill_value=0)  # [B]
-    used = jnp.arange(size) < flat.sum()
-    nodes = match.nodes.reshape(a, -1)[idx]  # [B, P]
-    # Each rule's small plan vmapped over its L locations, then gathered (`RuleSet.plans`), not
-    # a `lax.switch` over rules under the vmap below (which would batch every rule's plan over
-    # the bucket and select among them): same costs and speed side by side (SqueezeNet, BERT-base),
-    # and its trace is 3-4 s shorter on the default rule set.
-    plans = jax.tree_util.tree_map(lambda x: x[idx], rs.plans(graph, match.nodes))  # [B, ...]
+    # The valid pairs compacted into the bucket and built there (each rule's plan vmapped over
+    # its locations, then gathered, not a `lax.switch` over the rules under a vmap: that would
+    # run every rule's plan for every slot).
+    children, idx, ok = rs.candidates(graph, match.nodes, match.mask, size)  # leading axis [B]
+    used = jnp.arange(size) < match.mask.sum()
     incremental_cost = n >= incremental.MIN_CAPACITY
     base = incremental.cost_base(graph, self.coeffs, table) if incremental_cost else None
     parent_rows = identity.row_hashes(graph, ids)
 
-    def one(plan, bound, keep):
-      edit = edit_lib.neutralize(edit_lib.complete(graph, plan), keep & (bound[0] >= 0), n)
-      new, ok = edit_lib.apply_edit(graph, edit)
+    def one(new):
       if incremental_cost:
         cost, exact, missing = incremental.candidate_cost(graph, base, new, self.coeffs,
                                                           kernels=table)
@@ -325,10 +318,9 @@ class Expander:
         exact = jnp.asarray(True)
       child_ids = identity.child_identities(graph, ids, new, rs.max_new)
       h, hashed = identity.child_graph_hash(graph, parent_rows, new, child_ids)
-      return ok, cost, exact & ~missing, h, hashed, missing
+      return cost, exact & ~missing, h, hashed, missing
 
-    ok, c, exact, hashes, hashed, missing = jax.vmap(one)(plans, nodes, used)
-    ok = ok & used
+    c, exact, hashes, hashed, missing = jax.vmap(one)(children)
     slot = jnp.where(used, idx, a)  # unused bucket slots scatter nowhere
     valid = jnp.zeros([a], bool).at[slot].set(ok, mode="drop")
     cost = jnp.full([a], jnp.inf, jnp.float32).at[slot].set(
