@@ -21,7 +21,8 @@ graph's outputs are compared with the original's. A method that fails, or whose 
 keeps its row with n/a and the reason in the note, and the binary exits 1 after writing the
 tables (--allow_failures: exit 0).
 
-Writes to --output: benchmark.md (machine/backend/date header and the table), benchmark.csv,
+Writes to --output: benchmark.md (machine/backend/date header and the table) and benchmark.csv,
+both rewritten after every model (a run stopped part of the way keeps its finished models), then
 speedup.png (measured speedup per model per method; needs matplotlib) and prints the table.
 --quick: squeezenet1_1 and bert at the tiny size, tight capacities, cheap budgets (flags given
 explicitly still win).
@@ -180,6 +181,15 @@ def benchmark_model(spec, ruleset, coeffs, methods: list[str]) -> list[dict[str,
   return B.outcome_rows(base, original, outcomes, measured)
 
 
+def _write_tables(header: str, rows: list[dict[str, Any]], out_dir: Path) -> None:
+  """benchmark.md (header and table) and benchmark.csv of the rows so far."""
+  table = B.markdown_table(rows, COLUMNS)
+  text = (f"{header}\n\nSpeedups are original / method; measured = XLA latency timed side by "
+          f"side in this process, modelled = the cost model.\n\n{table}\n")
+  (out_dir / "benchmark.md").write_text(text)
+  B.write_csv(rows, out_dir / "benchmark.csv")
+
+
 def main(argv: list[str]) -> None:
   del argv
   methods = [m.strip() for m in _METHODS.value if m.strip()]
@@ -197,21 +207,24 @@ def main(argv: list[str]) -> None:
   header = (f"# xrlflow_jax benchmark\n\n{machine.machine_header()}\n- rules: {len(ruleset)} x "
             f"{ruleset.max_locations} locations; budgets: {search_options()}, ppo "
             f"{_opt('ppo_timesteps')} steps (horizon {_opt('ppo_horizon')}); timing: "
-            f"{_opt('rounds')} interleaved rounds x {_opt('repeats_per_round')} runs")
+            f"{_opt('rounds')} interleaved rounds x {_opt('repeats_per_round')} runs (more for a "
+            f"fast graph: a round lasts >= {_opt('min_round_ms'):g} ms)")
   print(header, flush=True)
   rows: list[dict[str, Any]] = []
-  for spec in specs:
+  for done, spec in enumerate(specs, 1):
     try:
-      rows.extend(benchmark_model(spec, ruleset, coeffs, methods))
+      new_rows = benchmark_model(spec, ruleset, coeffs, methods)
     except XrlflowError as e:  # a model this project refuses: a failed row with its reason
       print(f"  {spec.label}: failed ({type(e).__name__}: {str(e)[:200]})", flush=True)
-      rows.append(B.failed_row({"model": spec.label}, e))
+      new_rows = [B.failed_row({"model": spec.label}, e)]
+    rows.extend(new_rows)
+    print("\n" + B.markdown_table(new_rows, COLUMNS), flush=True)
+    # Written after every model: a run stopped part of the way keeps what it measured.
+    progress = ("" if done == len(specs) else
+                f"\n- partial: {done} of {len(specs)} models measured so far")
+    _write_tables(header + progress, rows, out_dir)
   table = B.markdown_table(rows, COLUMNS)
-  text = (f"{header}\n\nSpeedups are original / method; measured = XLA latency timed side by "
-          f"side in this process, modelled = the cost model.\n\n{table}\n")
   print("\n" + table, flush=True)
-  (out_dir / "benchmark.md").write_text(text)
-  B.write_csv(rows, out_dir / "benchmark.csv")
   plotted = [r for r in rows if "measured_speedup" in r]
   if B.plot_speedups(plotted, out_dir / "speedup.png", title="measured speedup (x)"):
     print(f"\nwrote {out_dir / 'benchmark.md'}, benchmark.csv, speedup.png")

@@ -63,6 +63,9 @@ def test_benchmark_quick_one_model(tmp_path):
   stdout = _run("experiments.benchmark", "--quick", "--models=bert", "--methods=greedy,beam",
                 "--rules=matmul_gelu_fuse,add_commute", f"--output={out}")
   assert "| model |" in stdout and "backend:" in stdout
+  # Each model's rows are printed (and the files written) when it finishes, then the whole table.
+  assert stdout.count("| model |") == 2
+  assert "partial:" not in (out / "benchmark.md").read_text()  # the run finished
   rows = _check_outputs(out, "benchmark", {"original", "greedy", "beam"})
   for r in rows:
     assert r["model"] == "bert"
