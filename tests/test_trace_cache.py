@@ -73,6 +73,30 @@ def test_a_second_instance_loads_and_computes_the_same(cache_dir):
   assert (other.traces, other.loads) == (1, 0)
 
 
+def test_the_process_keeps_a_bounded_number_of_compiled_instances(cache_dir, monkeypatch):
+  """Past MAX_LIVE_INSTANCES (all PersistentJits together) the least recently used instance is
+  dropped (its compiled code freed); calling it again makes it again (from the disk here) and
+  computes the same."""
+  monkeypatch.setattr(trace_cache, "MAX_LIVE_INSTANCES", 3)
+  data = {"scale": np.float32(2.0)}
+  f = trace_cache.PersistentJit(lambda x, *, n=1: _impl(x, data, n=n), "test.bounded",
+                                closure=data, static_argnames=("n",))
+  g = trace_cache.PersistentJit(lambda x, *, n=1: _impl(x, data, n=n), "test.bounded_other",
+                                closure=data, static_argnames=("n",))
+  x = np.arange(4, dtype=np.float32)
+  first = f(x, n=1)
+  f(x, n=2)
+  g(x, n=1)
+  f(x, n=2)  # used again: now the most recent
+  assert trace_cache.live_instances() <= 3 and len(f._entries) == 2
+  g(x, n=2)  # a fourth instance: f(n=1), the least recently used, is dropped
+  assert trace_cache.live_instances() <= 3
+  assert len(f._entries) == 1 and len(g._entries) == 2
+  assert f.instances == 2
+  np.testing.assert_array_equal(f(x, n=1), first)  # made again: loaded from the disk
+  assert (f.traces, f.loads) == (2, 1)
+
+
 def test_a_module_constant_changed_at_run_time_is_a_different_entry(cache_dir, monkeypatch):
   x = np.arange(4, dtype=np.float32)
   data = {"scale": np.float32(1.0)}

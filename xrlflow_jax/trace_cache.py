@@ -27,6 +27,7 @@ off whenever the compilation cache is off.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import enum
 import functools
@@ -49,6 +50,13 @@ from xrlflow_jax import compilation_cache
 FORMAT = 1  # bump when the stored layout or the key's meaning changes
 SUBDIR = "xrlflow_traces"
 MAX_ENTRIES = 256  # stored functions kept (the least recently used go first); ~0.3-2 MB each
+# Compiled instances kept alive in this process, every PersistentJit together (the least
+# recently used are dropped, and XLA frees their code). The search's matcher and bucket are
+# ~1,500 XLA:CPU kernels each; one search of a graph holds 5-10 instances and ~10,000 memory
+# mappings (measured on XLA:CPU, 2026-12-03), so a benchmark that searched models of six
+# capacities in one process passed Linux's default limit of 65,530 mappings and died in LLVM's
+# allocator ("Unable to allocate section memory").
+MAX_LIVE_INSTANCES = 24
 # Functions and types from these modules are fingerprinted by name (their versions, or this
 # package's source hash, are in the key); anything else defined outside them is not trusted.
 _TRUSTED_MODULES = ("xrlflow_jax", "jax", "jaxlib", "numpy", "builtins", "operator", "math",
@@ -371,6 +379,7 @@ class PersistentJit:
         if compile_now and not entry.compiled:
           entry = _Entry(entry.jitted.lower(*specs).compile(), entry.out_tree, entry.jitted)
         self._entries[local] = entry
+    _touch(self, local)
     return entry, leaves
 
   def _flat(self, in_tree: Any, static: dict[str, Any], box: dict[str, Any]):
@@ -430,6 +439,26 @@ class PersistentJit:
     call.__name__ = call.__qualname__ = self.name.replace(".", "_")  # type: ignore[attr-defined]
     jitted = jit(call)
     return _Entry(jitted, out_tree, jitted)
+
+
+_LIVE: collections.OrderedDict[tuple[int, Any], "PersistentJit"] = collections.OrderedDict()
+_LIVE_LOCK = threading.Lock()
+
+
+def _touch(owner: "PersistentJit", local: Any) -> None:
+  """Marks an instance as used now; drops the least recently used past MAX_LIVE_INSTANCES."""
+  key = (id(owner), local)
+  with _LIVE_LOCK:
+    _LIVE[key] = owner
+    _LIVE.move_to_end(key)
+    while len(_LIVE) > MAX_LIVE_INSTANCES:
+      (_, old_local), old_owner = _LIVE.popitem(last=False)
+      old_owner._entries.pop(old_local, None)  # pylint: disable=protected-access
+
+
+def live_instances() -> int:
+  """Compiled instances of every PersistentJit alive in this process."""
+  return len(_LIVE)
 
 
 def _module_of(fn: Any) -> str:
