@@ -30,10 +30,12 @@ explicitly still win).
 
 from __future__ import annotations
 
+import gc
 import time
 from pathlib import Path
 from typing import Any
 
+import jax
 from absl import app, flags
 
 from experiments.configs import ppo as ppo_configs
@@ -220,6 +222,10 @@ def main(argv: list[str]) -> None:
     rows.extend(new_rows)
     print("\n" + B.markdown_table(new_rows, COLUMNS), flush=True)
     # Written after every model: a run stopped part of the way keeps what it measured.
+    # Every model compiles its own executables (searches, environment, timed graphs); kept,
+    # they pile up memory mappings until LLVM cannot map more (a run died on the sixth model).
+    jax.clear_caches()
+    gc.collect()
     progress = ("" if done == len(specs) else
                 f"\n- partial: {done} of {len(specs)} models measured so far")
     _write_tables(header + progress, rows, out_dir)
