@@ -15,7 +15,8 @@ throughput (steps/s of a random valid-action policy, vmapped over --env_envs env
 Every method uses the same rules (--rules, --max_locations) and cost model. All graphs of a
 model, original included, are compiled and timed interleaved in one process
 (`measure.compare`: --rounds rounds of --repeats_per_round runs each, more for a fast graph so
-that a round lasts --min_round_ms, in a fresh random order per round, with an identical copy of the original as control); each measured speedup comes with
+that a round lasts --min_round_ms, in a fresh random order per round, with an identical copy of
+the original as control); each measured speedup comes with
 its 95% bootstrap interval and a verdict (faster / no change / slower / unchanged), and each
 graph's outputs are compared with the original's. A method that fails, or whose outputs differ,
 keeps its row with n/a and the reason in the note, and the binary exits 1 after writing the
@@ -96,7 +97,8 @@ QUICK = {"size": "tiny", "capacity": 0, "rules": ["merge_conv_shared_input_bias"
                                                    "matmul_gelu_fuse", "add_commute"],
          "max_locations": 4, "greedy_steps": 8, "taso_budget": 6, "beam_width": 2,
          "beam_steps": 3, "random_rollouts": 2, "random_steps": 4, "ppo_timesteps": 4 * 4 * 2,
-         "ppo_horizon": 6, "rounds": 5, "repeats_per_round": 1, "min_round_ms": 5.0, "env_envs": 4, "env_steps": 4}
+         "ppo_horizon": 6, "rounds": 5, "repeats_per_round": 1, "min_round_ms": 5.0, "env_envs": 4,
+         "env_steps": 4}
 
 
 def _opt(name: str) -> Any:

@@ -93,8 +93,8 @@ def main(argv: list[str]) -> None:
     raise app.UsageError(str(e)) from None
   print(machine.machine_header(), flush=True)
   print(f"- verdict: {measure.LEVEL:.0%} bootstrap interval over {_ROUNDS.value} rounds x "
-        f"{_REPEATS.value} runs (or more, a round lasting >= {_MIN_ROUND.value:g} ms), an identical "
-        "copy as control", flush=True)
+        f"{_REPEATS.value} runs (or more, a round lasting >= {_MIN_ROUND.value:g} ms), an "
+        "identical copy as control", flush=True)
   coeffs = cost.coefficients()
   results = []
   for name in _MODELS.value:

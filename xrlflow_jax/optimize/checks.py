@@ -96,7 +96,8 @@ def check_request(source: str, *, method: str, size: str,
                   input_shapes: Mapping[str, Sequence[int]] | None, output_dir: Any,
                   budget: int | None, capacity: int | None, latency_rounds: int,
                   repeats_per_round: int, tolerance: float | None, write: bool,
-                  precision: str | None = None, min_round_ms: float = 0.0) -> dict[str, tuple[int, ...]]:
+                  precision: str | None = None, min_round_ms: float = 0.0
+                  ) -> dict[str, tuple[int, ...]]:
   """Every argument of `optimize_model` that can be checked without loading: OptimizeError
   (or MeasurementError) naming the argument. Returns the input shapes as int tuples."""
   if method not in METHODS:

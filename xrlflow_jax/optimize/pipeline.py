@@ -72,7 +72,8 @@ def optimize_model(source: str = DEFAULT_MODEL, *, method: str = "ppo", size: st
                    rules: Sequence[str] | None = None, search_options:
                    Mapping[str, Any] | None = None, measure: bool = True,
                    latency_rounds: int = 10, repeats_per_round: int = 3,
-                   min_round_ms: float = 30.0, tolerance: float | None = None, precision: str | None = None,
+                   min_round_ms: float = 30.0, tolerance: float | None = None,
+                   precision: str | None = None,
                    picture: bool = True,
                    cost_coefficients: str | None = None, write: bool = True,
                    keep_slower: bool = False, compilation_cache_dir: str | None = None,

@@ -303,7 +303,6 @@ class Expander:
     # its locations, then gathered, not a `lax.switch` over the rules under a vmap: that would
     # run every rule's plan for every slot).
     children, idx, ok = rs.candidates(graph, match.nodes, match.mask, size)  # leading axis [B]
-    used = jnp.arange(size) < match.mask.sum()
     incremental_cost = n >= incremental.MIN_CAPACITY
     base = incremental.cost_base(graph, self.coeffs, table) if incremental_cost else None
     parent_rows = identity.row_hashes(graph, ids)
@@ -321,7 +320,7 @@ class Expander:
       return cost, exact & ~missing, h, hashed, missing
 
     c, exact, hashes, hashed, missing = jax.vmap(one)(children)
-    slot = jnp.where(used, idx, a)  # unused bucket slots scatter nowhere
+    slot = jnp.where(ok, idx, a)  # unused or refused bucket slots scatter nowhere
     valid = jnp.zeros([a], bool).at[slot].set(ok, mode="drop")
     cost = jnp.full([a], jnp.inf, jnp.float32).at[slot].set(
         jnp.where(ok, c.astype(jnp.float32), jnp.inf), mode="drop")
