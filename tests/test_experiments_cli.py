@@ -26,9 +26,11 @@ REPO = Path(__file__).resolve().parents[1]
 HAVE_MPL = importlib.util.find_spec("matplotlib") is not None
 
 
-def _run(module: str, *args: str, timeout: int = 600) -> str:
-  """Runs `python -m module args` from the repository root; its stdout (fails on rc != 0)."""
-  env = {**os.environ, "JAX_PLATFORMS": os.environ.get("JAX_PLATFORMS", "cpu")}
+def _run(module: str, *args: str, timeout: int = 600, env: dict[str, str] | None = None) -> str:
+  """Runs `python -m module args` from the repository root (in `env`, default this process's
+  environment); its stdout (fails on rc != 0)."""
+  env = dict(os.environ if env is None else env)
+  env["JAX_PLATFORMS"] = env.get("JAX_PLATFORMS", "cpu")
   proc = subprocess.run([sys.executable, "-m", module, *args], cwd=REPO, env=env,
                         capture_output=True, text=True, timeout=timeout, check=False)
   assert proc.returncode == 0, f"{module} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
@@ -57,11 +59,13 @@ def _check_outputs(out: Path, stem: str, methods: set[str]) -> list[dict[str, st
   return rows
 
 
-def test_benchmark_quick_one_model(tmp_path):
-  """--quick on tiny BERT, two rules, two searches: every figure present and measured."""
+def test_benchmark_quick_one_model(tmp_path, xla_defaults_env):
+  """--quick on tiny BERT, two rules, two searches: every figure present and measured, every
+  graph's outputs equal the original's. The one default-suite run under XLA's default code
+  generation (the rest of the suite compiles with conftest's FAST_COMPILE_XLA_FLAGS)."""
   out = tmp_path / "bench"
   stdout = _run("experiments.benchmark", "--quick", "--models=bert", "--methods=greedy,beam",
-                "--rules=matmul_gelu_fuse,add_commute", f"--output={out}")
+                "--rules=matmul_gelu_fuse,add_commute", f"--output={out}", env=xla_defaults_env)
   assert "| model |" in stdout and "backend:" in stdout
   # Each model's rows are printed (and the files written) when it finishes, then the whole table.
   assert stdout.count("| model |") == 2
