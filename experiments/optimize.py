@@ -5,6 +5,7 @@ r"""Optimises a model's graph and writes the result with measured evidence.
     python -m experiments.optimize --onnx=../shared/models/squeezenet1_1.onnx --method=taso \
         --budget=50 --output=/tmp/sq
     python -m experiments.optimize --onnx=model.onnx --input_shape=x=1,3,224,224
+    python -m experiments.optimize --onnx=resnext50.onnx --method=taso --against=taso_resnext50.onnx
 
 Writes into --output (default /tmp/xrlflow_optimize/<model>_<method>): optimized.onnx (ONNX
 inputs), rewrites.json, report.json, best_graph.txt and graph.png (when matplotlib or graphviz is
@@ -66,6 +67,10 @@ _PRECISION = flags.DEFINE_enum("precision", "highest", ["highest", "high", "defa
 _KERNELS = flags.DEFINE_bool("kernel_table", True, "Cost MatMuls and convolutions by their "
                               "measured time on this device (each measured once, cached on "
                               "disk); false: the cost model's roofline alone.")
+_AGAINST = flags.DEFINE_string("against", "", "An ONNX file of the same model optimised by "
+                               "another tool (e.g. TASO's output), same inputs: timed in the "
+                               "same rounds as the input and the result, its outputs checked "
+                               "against the input's when both files carry weights.")
 _COEFFS = flags.DEFINE_string("cost_coefficients", "", "Cost-model coefficients (JSON) to use "
                               "(default: the shipped fit for this device kind, else a "
                               "calibration made on first use and cached).")
@@ -98,7 +103,7 @@ def main(argv: Sequence[str]) -> None:
         min_round_ms=_MIN_ROUND.value, picture=_PICTURE.value,
         keep_slower=_KEEP_SLOWER.value, compilation_cache_dir=_CACHE.value or None,
         cost_coefficients=_COEFFS.value or None, precision=_PRECISION.value,
-        kernel_table=_KERNELS.value)
+        kernel_table=_KERNELS.value, against=_AGAINST.value or None)
   except UsageError as e:  # bad input: one line, no usage text, no traceback
     raise SystemExit(f"error: {e}") from None
   except XrlflowError as e:

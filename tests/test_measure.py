@@ -197,6 +197,33 @@ def test_compare_finds_a_large_real_speedup_and_checks_outputs():
   del fast_params
 
 
+def test_compare_a_graph_with_its_own_weights_and_candidates_against_each_other():
+  """`candidate_params`: a graph loaded apart (its own weights) is always timed, runs on the
+  reference's inputs, and `versus` compares two candidates in the same rounds."""
+  slow, params = _chain(16)
+  fast, fast_params = _chain(1)
+  twin, twin_params = _chain(16)  # the reference rebuilt apart: same structure, own weights
+  cmp = measure.compare(slow, [fast, twin], params, rounds=8, repeats_per_round=3,
+                        min_round_ms=0, tolerance=TOL, candidate_params=[fast_params, twin_params])
+  assert cmp.speedups[1].verdict != "unchanged" and cmp.candidates[1].runs == 24  # timed
+  assert cmp.numerics[1].passed and not cmp.numerics[0].passed
+  faster = cmp.versus(0, 1)
+  assert faster.verdict == "faster" and faster.ratio > 2, faster
+  assert cmp.versus(1, 0).ratio == pytest.approx(1 / faster.ratio)
+  assert cmp.versus(None, 0).ratio == pytest.approx(1 / cmp.speedups[0].ratio)
+  assert faster.control_ratio == pytest.approx(cmp.speedups[0].control_ratio)  # copy vs ref
+  wide, wide_params = _chain(1)
+  b = GraphBuilder(64)
+  b.output(b.matmul(b.input((128, 256)), b.constant(np.eye(256, dtype=np.float32))))
+  narrow, narrow_params = b.build()
+  with pytest.raises(measure.MeasurementError,
+                     match=r"candidate 0 takes other inputs.*\[128, 256\]"):
+    measure.compare(wide, [narrow], wide_params, rounds=5, repeats_per_round=1,
+                    candidate_params=[narrow_params])
+  with pytest.raises(measure.MeasurementError, match="candidate_params has 2 entries"):
+    measure.compare(wide, [narrow], wide_params, rounds=5, candidate_params=[None, None])
+
+
 def test_compare_runs_a_fast_graph_more_times_per_round():
   """A round of a sub-millisecond graph lasts about min_round_ms, not 3 runs; every graph of
   the comparison runs the same count (the rounds stay paired)."""

@@ -363,3 +363,62 @@ def test_taso_rule_set_through_the_job_replays(tmp_path, shared_dir):
   data = json.loads((out / "rewrites.json").read_text())
   assert data["taso_file"] == str(rule_file.resolve()) and data["rules"] == d["rules"]
   assert _replay_hash(out, "resnext50", d["rules"], size="tiny") == report.hash_after
+
+
+def _weights_changed(src: Path, dst: Path) -> None:
+  """`src` with one weight initializer shifted by 1 (a graph that computes something else)."""
+  import onnx  # pylint: disable=g-import-not-at-top
+  from onnx import numpy_helper  # pylint: disable=g-import-not-at-top
+  model = onnx.load(str(src))
+  init = max(model.graph.initializer, key=lambda t: int(np.prod(t.dims)))
+  init.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(init) + 1.0, init.name))
+  onnx.save(model, str(dst))
+
+
+def test_against_times_another_optimisers_graph(zoo_report, tmp_path):
+  """--against: another tool's graph of the same model is timed in the same rounds as the input
+  and the result, and its outputs are checked against the input's (both files have weights);
+  one that computes something else is reported, not returned, and nothing raises."""
+  from xrlflow_jax import onnx_io  # pylint: disable=g-import-not-at-top
+  report, _ = zoo_report
+  assert report.rewrites  # the fixture's TASO-style search changed the graph
+  source, theirs = tmp_path / "input.onnx", tmp_path / "theirs.onnx"
+  onnx_io.save(report.input_graph, report.params, source)
+  onnx_io.save(report.graph, report.params, theirs)  # "another optimiser's" output
+  wrong = tmp_path / "wrong.onnx"
+  _weights_changed(theirs, wrong)
+  for path, ok in ((theirs, True), (wrong, False)):
+    r = opt.optimize_model(str(source), method="greedy", budget=1, rules=RULES, write=False,
+                           keep_slower=True, kernel_table=False, against=str(path), **FAST)
+    a = r.against
+    assert a["file"] == str(path) and a["nodes"] > 0 and a["random_weights"] == 0
+    assert a["latency"].median_ms > 0 and a["latency"].runs >= FAST["latency_rounds"]
+    assert a["vs_input"].verdict in measure.VERDICTS and a["vs_input"].rounds == 5
+    assert a["returned_vs_it"].rounds == 5 and np.isfinite(a["returned_vs_it"].control_ratio)
+    assert a["numerics"] is not None and a["numerics"].passed == ok, a["numerics"].describe()
+    assert r.numerics.passed  # the search's own graph is checked as always
+    line = [l for l in r.table().splitlines() if l.startswith("against ")]
+    assert len(line) == 1 and str(path) in line[0]
+    data = json.loads(json.dumps(r.to_json()))
+    assert data["against"]["numerics"]["passed"] == ok
+    assert data["against"]["vs_input"]["verdict"] == a["vs_input"].verdict
+
+
+def test_against_is_refused_clearly(zoo_report, tmp_path, shared_dir):
+  """A graph to time against needs the measurement, an ONNX file, and the input's inputs."""
+  from xrlflow_jax import onnx_io  # pylint: disable=g-import-not-at-top
+  report, _ = zoo_report
+  source = tmp_path / "input.onnx"
+  onnx_io.save(report.input_graph, report.params, source)
+  with pytest.raises(opt.OptimizeError, match="needs the latency measurement"):
+    opt.optimize_model(str(source), method="greedy", against=str(source),
+                       measure=False, write=False)
+  with pytest.raises(errors.XrlflowError, match="not found"):
+    opt.optimize_model(str(source), method="greedy", against=str(tmp_path / "absent.onnx"),
+                       write=False)
+  with pytest.raises(opt.OptimizeError, match="ONNX file"):
+    opt.optimize_model(str(source), method="greedy", against="squeezenet1_1", write=False)
+  other = shared_dir / "models" / "resnet50_keepbn.onnx"  # 1x3x224x224: not the tiny input
+  with pytest.raises(opt.OptimizeError, match=r"resnet50_keepbn\.onnx.*other inputs"):
+    opt.optimize_model(str(source), method="greedy", budget=1, rules=RULES, write=False,
+                       kernel_table=False, against=str(other), **FAST)

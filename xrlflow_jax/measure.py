@@ -261,6 +261,21 @@ class Comparison:
   candidates: list[latency.LatencyStats]
   speedups: list[Speedup]
   numerics: list[NumericsCheck] | None = None
+  # Per-round medians (float64[R], ms): the reference, its copy, each candidate (the
+  # reference's own for unchanged ones); None where nothing was timed.
+  round_ms: tuple[np.ndarray, np.ndarray | None, list[np.ndarray]] | None = None
+
+  def versus(self, i: int | None, j: int | None, seed: int = 0) -> Speedup:
+    """Candidate `i` against candidate `j` (None: the reference; ratio > 1: `i` faster), paired
+    by round; the control interval is the reference's against its identical copy (what noise
+    alone gives). "unchanged" when nothing was timed."""
+    if self.round_ms is None or self.round_ms[1] is None:
+      return Speedup.unchanged()
+    ref, copy, cands = self.round_ms
+    a, b = (ref if k is None else cands[k] for k in (i, j))
+    # speedup() takes the control's interval from log(reference / control): with b as the
+    # reference, this control makes that log(ref / copy) round by round.
+    return speedup(b, a, control_ms=b * copy / ref, seed=seed)
 
 
 def check_settings(rounds: int, repeats_per_round: int, warmup: int = 0,
@@ -297,7 +312,8 @@ def compare(reference: layout.Graph, candidates: Sequence[layout.Graph], params:
             rounds: int = 10, repeats_per_round: int = 3, warmup: int = 2,
             min_round_ms: float = 30.0, backend: str | None = None, seed: int = 0,
             tolerance: float | None = None, time_unchanged: bool = False,
-            precision: str | None = None) -> Comparison:
+            precision: str | None = None,
+            candidate_params: Sequence[ParamStore | None] | None = None) -> Comparison:
   """Times `candidates` against `reference` side by side, with an identical copy as control.
 
   Each graph runs `repeats_per_round` times per round, or more for a fast reference so that a
@@ -310,32 +326,45 @@ def compare(reference: layout.Graph, candidates: Sequence[layout.Graph], params:
   other, so their verdicts measure the false-positive rate. Every executable is compiled under
   one numerics policy, `precision` (`ops.precision`; default "highest").
 
+  `candidate_params[i]`, when not None, is candidate i's own weights (a graph loaded apart, e.g.
+  another optimiser's output for the same model): it is always compiled and timed, and must
+  take the reference's inputs (same count, shapes and dtypes), which it is given.
+
   Raises:
     MeasurementError: bad settings. BackendError, DeviceMemoryError: see `cost.latency`.
   """
   check_settings(rounds, repeats_per_round, warmup, min_round_ms)
+  own = list(candidate_params) if candidate_params is not None else [None] * len(candidates)
+  if len(own) != len(candidates):
+    raise MeasurementError(f"candidate_params has {len(own)} entries for {len(candidates)} "
+                           "candidates")
   device = latency.resolve_device(backend)
   ref_hash = graph_host.structural_hash(reference)
   hashes = [graph_host.structural_hash(g) for g in candidates]
   if time_unchanged:  # every candidate its own executable, compared like a changed graph
     ref_hash = ""
     hashes = [f"{h}/{i}" for i, h in enumerate(hashes)]
+  # A graph with its own weights is never the reference's nor another candidate's executable.
+  hashes = [h if p is None else f"{h}/own{i}" for i, (h, p) in enumerate(zip(hashes, own))]
   # Executable index per hash: 0 the reference, 1 its identical copy, then each new candidate.
   slot = {ref_hash: 0}
-  changed: list[layout.Graph] = []
-  for h, g in zip(hashes, candidates):
+  changed: list[tuple[int, layout.Graph]] = []
+  for i, (h, g) in enumerate(zip(hashes, candidates)):
     if h not in slot:
       slot[h] = 2 + len(changed)
-      changed.append(g)
+      changed.append((i, g))
   compiled = [latency.compile_graph(reference, params, device=device, seed=seed,
                                     precision=precision, what="the reference graph")]
   if changed:
     compiled.append(latency.compile_graph(reference, params, device=device, seed=seed,
                                           precision=precision,
                                           what="the reference's identical copy"))
-  compiled += [latency.compile_graph(g, params, device=device, seed=seed, precision=precision,
-                                     what=f"candidate {i}")
-               for i, g in enumerate(changed)]
+  for i, g in changed:
+    c = latency.compile_graph(g, params if own[i] is None else own[i], device=device,
+                              seed=seed, precision=precision, what=f"candidate {i}")
+    if own[i] is not None:
+      c = _with_inputs_of(compiled[0], c, i)
+    compiled.append(c)
   if changed:
     repeats_per_round = repeats_for(compiled[0], repeats_per_round, min_round_ms, warmup)
   times = latency.time_interleaved(compiled, rounds=rounds, repeats_per_round=repeats_per_round,
@@ -351,7 +380,24 @@ def compare(reference: layout.Graph, candidates: Sequence[layout.Graph], params:
   if tolerance is not None:
     outputs = {j: compiled[j].fn(*compiled[j].args) for j in {0, *used}}
     numerics = [compare_outputs(outputs[0], outputs[j], tolerance=tolerance) for j in used]
-  return Comparison(stats[0], stats[1] if changed else None, cand_stats, speedups, numerics)
+  round_ms = (medians[0], medians[1] if changed else None, [medians[j] for j in used])
+  return Comparison(stats[0], stats[1] if changed else None, cand_stats, speedups, numerics,
+                    round_ms)
+
+
+def _with_inputs_of(reference: latency.CompiledGraph, other: latency.CompiledGraph,
+                    index: int) -> latency.CompiledGraph:
+  """`other` run on the reference's inputs; MeasurementError when its inputs differ in count,
+  shape or dtype (a graph loaded apart, e.g. another optimiser's output of the same model)."""
+  ref_in, its_in = reference.args[1:], other.args[1:]
+  def sig(xs):
+    return [(tuple(x.shape), str(x.dtype)) for x in xs]
+  if sig(ref_in) != sig(its_in):
+    raise MeasurementError(
+        f"candidate {index} takes other inputs than the reference: "
+        + ", ".join(f"{list(s)} {d}" for s, d in sig(its_in)) + " against "
+        + ", ".join(f"{list(s)} {d}" for s, d in sig(ref_in)))
+  return dataclasses.replace(other, args=(other.args[0], *ref_in))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -96,7 +96,8 @@ def check_request(source: str, *, method: str, size: str,
                   input_shapes: Mapping[str, Sequence[int]] | None, output_dir: Any,
                   budget: int | None, capacity: int | None, latency_rounds: int,
                   repeats_per_round: int, tolerance: float | None, write: bool,
-                  precision: str | None = None, min_round_ms: float = 0.0
+                  precision: str | None = None, min_round_ms: float = 0.0,
+                  against: str | None = None, measure: bool = True
                   ) -> dict[str, tuple[int, ...]]:
   """Every argument of `optimize_model` that can be checked without loading: OptimizeError
   (or MeasurementError) naming the argument. Returns the input shapes as int tuples."""
@@ -124,6 +125,13 @@ def check_request(source: str, *, method: str, size: str,
   spec = resolve(source, size)  # LoadError: unknown name, a folder, a missing file
   if shapes and not spec.is_onnx:
     raise OptimizeError("input shapes apply to ONNX files only; zoo models have fixed shapes")
+  if against is not None:
+    if not measure:
+      raise OptimizeError("a graph to time against (--against) needs the latency measurement "
+                          "(--measure)")
+    if not resolve(str(against), size).is_onnx:
+      raise OptimizeError(f"--against takes an ONNX file (another optimiser's output of the "
+                          f"same model), got {against!r}")
   if write and output_dir:
     check_output_dir(output_dir)
   return shapes

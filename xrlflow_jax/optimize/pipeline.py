@@ -14,9 +14,11 @@ from xrlflow_jax import compilation_cache, cost
 from xrlflow_jax import graph as G
 from xrlflow_jax.cost import calibrate
 from xrlflow_jax.cost import kernel_table as kernel_table_lib
-from xrlflow_jax.measure import Comparison, NumericsError, Speedup, check_numerics, compare
+from xrlflow_jax.measure import (Comparison, MeasurementError, NumericsError, Speedup,
+                                 check_numerics, compare)
 from xrlflow_jax.ops import precision as precision_lib
 from xrlflow_jax.optimize import checks, methods
+from xrlflow_jax.optimize.checks import OptimizeError
 from xrlflow_jax.optimize.methods import BUDGET_OPTION, Found
 from xrlflow_jax.optimize.report import OptimizeReport, default_output_dir, write_outputs
 from xrlflow_jax.workflow import Loaded, load
@@ -65,6 +67,20 @@ def measured_guard(loaded: Loaded, found: Found, comparison: Comparison
   return kept, comparison.reference, Speedup.unchanged()
 
 
+def _against(path: str, other: Loaded, loaded: Loaded, comparison: Comparison, *,
+             returned_input: bool, seed: int) -> dict[str, Any]:
+  """`OptimizeReport.against` from a comparison whose candidates are [search's graph, other]."""
+  weightless = [f"{what} has no weight data" for what, n in
+                (("the input", loaded.random_weights), (path, other.random_weights)) if n]
+  return {
+      "file": path, "nodes": G.num_nodes(other.graph), "random_weights": other.random_weights,
+      "latency": comparison.candidates[1], "vs_input": comparison.speedups[1],
+      "returned_vs_it": comparison.versus(None if returned_input else 0, 1, seed=seed),
+      "numerics": None if weightless else comparison.numerics[1],
+      "note": "; ".join(weightless) + (": different random weights, outputs not comparable"
+                                       if weightless else "")}
+
+
 def optimize_model(source: str = DEFAULT_MODEL, *, method: str = "ppo", size: str = "tiny",
                    input_shapes: Mapping[str, Sequence[int]] | None = None,
                    output_dir: str | os.PathLike | None = None, budget: int | None = None,
@@ -77,7 +93,7 @@ def optimize_model(source: str = DEFAULT_MODEL, *, method: str = "ppo", size: st
                    picture: bool = True,
                    cost_coefficients: str | None = None, write: bool = True,
                    keep_slower: bool = False, compilation_cache_dir: str | None = None,
-                   kernel_table: bool = True,
+                   kernel_table: bool = True, against: str | None = None,
                    log: Callable[[str], None] = print) -> OptimizeReport:
   """Optimises a model and writes the result with its evidence (see the module docstring).
 
@@ -110,6 +126,10 @@ def optimize_model(source: str = DEFAULT_MODEL, *, method: str = "ppo", size: st
       device (`cost.kernel_table`; each kernel measured once and kept in the profiler's
       on-disk cache, `$XRLFLOW_PROFILE_CACHE` or ~/.cache/xrlflow_jax/profiles); False: the
       model's roofline alone. Not used by "ppo" (training's environment costs by the model).
+    against: an ONNX file of the same model optimised by another tool (e.g. TASO's output),
+      taking the same inputs: timed in the same interleaved rounds as the input and the
+      result, its outputs checked against the input's when both files carry their weights
+      (`OptimizeReport.against`); needs `measure`.
   Raises:
     OptimizeError (bad input), OnnxImportError, NumericsError (nothing written), SearchError.
   """
@@ -117,7 +137,7 @@ def optimize_model(source: str = DEFAULT_MODEL, *, method: str = "ppo", size: st
       str(source), method=method, size=size, input_shapes=input_shapes, output_dir=output_dir,
       budget=budget, capacity=capacity, latency_rounds=latency_rounds,
       repeats_per_round=repeats_per_round, min_round_ms=min_round_ms, tolerance=tolerance,
-      precision=precision, write=write)
+      precision=precision, write=write, against=against, measure=measure)
   policy = precision_lib.check(precision)
   tolerance = precision_lib.tolerance(policy) if tolerance is None else tolerance
   cache_dir = compilation_cache.enable(compilation_cache_dir)
@@ -136,6 +156,12 @@ def optimize_model(source: str = DEFAULT_MODEL, *, method: str = "ppo", size: st
                                        if loaded.random_weights else ""))
   for note in getattr(getattr(loaded.params, "stats", None), "notes", ()):  # ONNX import notes
     log(f"note: {note}")
+  other = None
+  if against is not None:
+    other = load_source(str(against), input_shapes=input_shapes, seed=seed)
+    log(f"loaded {against} to time against: {G.num_nodes(other.graph)} nodes"
+        + (f"; {other.random_weights} initializers given random weights" if other.random_weights
+           else ""))
   coeffs = _coefficients(cost_coefficients or "")
 
   t = time.perf_counter()
@@ -172,10 +198,16 @@ def optimize_model(source: str = DEFAULT_MODEL, *, method: str = "ppo", size: st
   G.validate(best, loaded.params)
   lat_before = lat_after = verdict = None
   if measure:  # one set of compiles: the timed executables' outputs are the numerics check
-    comparison = compare(loaded.graph, [best], loaded.params, rounds=latency_rounds,
-                         repeats_per_round=repeats_per_round, min_round_ms=min_round_ms,
-                         seed=seed, tolerance=tolerance,
-                         precision=policy)
+    try:
+      comparison = compare(loaded.graph, [best] + ([other.graph] if other else []),
+                           loaded.params, rounds=latency_rounds,
+                           repeats_per_round=repeats_per_round, min_round_ms=min_round_ms,
+                           seed=seed, tolerance=tolerance, precision=policy,
+                           candidate_params=[None] + ([other.params] if other else []))
+    except MeasurementError as e:
+      if other is None:
+        raise
+      raise OptimizeError(f"--against {against}: {e}") from None
     numerics = comparison.numerics[0]
     lat_before, lat_after, verdict = (comparison.reference, comparison.candidates[0],
                                       comparison.speedups[0])
@@ -194,6 +226,10 @@ def optimize_model(source: str = DEFAULT_MODEL, *, method: str = "ppo", size: st
         log(f"measured: the optimised graph is not significantly faster than the input "
             f"({comparison.speedups[0].describe()}): the input is kept")
         best = loaded.graph
+  against_info = None
+  if other is not None:
+    against_info = _against(str(against), other, loaded, comparison,
+                            returned_input=best is loaded.graph, seed=seed)
 
   report = OptimizeReport(
       source=str(source), label=loaded.label, kind=loaded.kind, method=method,
@@ -203,7 +239,8 @@ def optimize_model(source: str = DEFAULT_MODEL, *, method: str = "ppo", size: st
       latency_before=lat_before, latency_after=lat_after, measured=verdict, numerics=numerics,
       rewrites=found.rewrites, hash_before=G.structural_hash(loaded.graph),
       hash_after=G.structural_hash(best), seconds=times, details=found.details,
-      input_graph=loaded.graph, graph=best, params=loaded.params, precision=policy)
+      input_graph=loaded.graph, graph=best, params=loaded.params, precision=policy,
+      against=against_info)
   if write:
     t = time.perf_counter()
     report.output_dir = str(out)

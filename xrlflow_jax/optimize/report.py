@@ -37,6 +37,11 @@ class OptimizeReport:
     hash_before, hash_after: structural hashes; seconds: {stage: wall seconds}.
     output_dir: where files were written ("" when none); files: {kind: path}.
     details: the search's own figures.
+    against: the graph of `optimize_model(against=...)` (e.g. TASO's output for the same
+      model), timed in the same rounds: {"file", "nodes", "random_weights", "latency",
+      "vs_input" (its Speedup over the input), "returned_vs_it" (the returned graph's Speedup
+      over it), "numerics" (its outputs against the input's; None when either file has no
+      weight data), "note"}; None when not asked for.
     input_graph, graph, params: the loaded graph, the optimised one and their weights (not in
       report.json).
   """
@@ -60,6 +65,7 @@ class OptimizeReport:
   output_dir: str = ""
   files: dict[str, str] = dataclasses.field(default_factory=dict)
   details: dict[str, Any] = dataclasses.field(default_factory=dict)
+  against: dict[str, Any] | None = None
   input_graph: Any = dataclasses.field(default=None, repr=False)
   graph: Any = dataclasses.field(default=None, repr=False)
   params: Any = dataclasses.field(default=None, repr=False)
@@ -97,6 +103,12 @@ class OptimizeReport:
         "hash_before": self.hash_before, "hash_after": self.hash_after,
         "seconds": self.seconds, "output_dir": self.output_dir, "files": self.files,
         "details": _jsonable(self.details),
+        "against": None if self.against is None else _jsonable({
+            **self.against, "latency": lat(self.against["latency"]),
+            "vs_input": self.against["vs_input"].to_json(),
+            "returned_vs_it": self.against["returned_vs_it"].to_json(),
+            "numerics": (None if self.against["numerics"] is None
+                         else dataclasses.asdict(self.against["numerics"]))}),
     }
 
   def table(self) -> str:
@@ -134,6 +146,8 @@ class OptimizeReport:
     ]
     if "cost_model" in self.details:
       lines.append(f"cost model: {self.details['cost_model']}")
+    if self.against is not None:
+      lines.append(against_line(self.against))
     lines += [
         "time: " + ", ".join(f"{k} {v:.1f}s" for k, v in self.seconds.items()),
     ]
@@ -209,3 +223,13 @@ def _write_files(report: OptimizeReport, loaded: Loaded, best: layout.Graph, fol
 def default_output_dir(label: str, method: str) -> Path:
   """/tmp/xrlflow_optimize/<label>_<method> (or $TMPDIR's)."""
   return Path(tempfile.gettempdir()) / "xrlflow_optimize" / f"{label}_{method}"
+
+
+def against_line(against: dict[str, Any]) -> str:
+  """One line on the `against` graph (see OptimizeReport.against)."""
+  vs_input, ours = against["vs_input"], against["returned_vs_it"]
+  lat = against["latency"]
+  return (f"against {against['file']}: {lat.median_ms:.4f} ms, vs the input "
+          f"{vs_input.describe()}; the returned graph vs it {ours.describe()}; "
+          + (f"its numerics: {against['numerics'].describe()}" if against["numerics"] is not None
+             else f"its numerics: not checked ({against['note']})"))
