@@ -125,6 +125,16 @@ class LoweredGraph:
     return out
 
 
+def input_signature(graph: layout.Graph) -> list[tuple[tuple[int, ...], str]]:
+  """(shape, dtype name) of each graph input, in input order: what two graphs must agree on to
+  run on the same inputs (host arrays only, no lowering)."""
+  nd = layout.to_host(graph).nodes
+  inputs = sorted((int(nd["input_index"][v]), int(v)) for v in
+                  np.flatnonzero(nd["alive"] & (nd["op"] == int(Op.INPUT))))
+  return [(tuple(int(d) for d in ops.unpad_shape(nd["shape"][v], nd["rank"][v])),
+           np.dtype(jnp.dtype(ops.numpy_dtype(int(nd["dtype"][v])))).name) for _, v in inputs]
+
+
 def _index_bounds(g: layout.Graph, table: np.ndarray) -> dict[int, int]:
   """For Input nodes used as Gather indices: the size of the gathered axis (smallest use)."""
   nd = g.nodes

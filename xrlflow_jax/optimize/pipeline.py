@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from xrlflow_jax import compilation_cache, cost
+from xrlflow_jax import compilation_cache, cost, executor
 from xrlflow_jax import graph as G
 from xrlflow_jax.cost import calibrate
 from xrlflow_jax.cost import kernel_table as kernel_table_lib
@@ -65,6 +65,10 @@ def measured_guard(loaded: Loaded, found: Found, comparison: Comparison
   kept = Found(loaded.graph, found.initial_cost_ms, found.initial_cost_ms, [], found.found_by,
                details)
   return kept, comparison.reference, Speedup.unchanged()
+
+
+def _signature_text(signature: Sequence[tuple[tuple[int, ...], str]]) -> str:
+  return ", ".join(f"{list(shape)} {dtype}" for shape, dtype in signature) or "no inputs"
 
 
 def _against(path: str, other: Loaded, loaded: Loaded, comparison: Comparison, *,
@@ -159,6 +163,11 @@ def optimize_model(source: str = DEFAULT_MODEL, *, method: str = "ppo", size: st
   other = None
   if against is not None:
     other = load_source(str(against), input_shapes=input_shapes, seed=seed)
+    ours, theirs = executor.input_signature(loaded.graph), executor.input_signature(other.graph)
+    if ours != theirs:  # refused before the search, not after it
+      raise OptimizeError(
+          f"--against {against} takes other inputs than {source}: "
+          f"{_signature_text(theirs)} against {_signature_text(ours)}")
     log(f"loaded {against} to time against: {G.num_nodes(other.graph)} nodes"
         + (f"; {other.random_weights} initializers given random weights" if other.random_weights
            else ""))
