@@ -88,6 +88,10 @@ _KERNELS = flags.DEFINE_bool("kernel_table", True, "Cost MatMuls and convolution
                               "measured time, as the optimise job does (PPO's training "
                               "environment keeps the roofline); false: the roofline alone.")
 _COEFFS = flags.DEFINE_string("cost_coefficients", "", "Cost-model JSON ('' = shipped fit).")
+_AGAINST = flags.DEFINE_list("against", [], "model=file.onnx entries: another optimiser's output "
+                             "of that model (e.g. TASO's), same inputs, timed beside the methods "
+                             "as the row against:<file> (outputs compared when both files carry "
+                             "weights). model is the row's model name.")
 
 QUICK_MODELS = ("squeezenet1_1", "bert")
 QUICK = {"size": "tiny", "capacity": 0, "rules": ["merge_conv_shared_input_bias",
@@ -177,9 +181,13 @@ def benchmark_model(spec, ruleset, coeffs, methods: list[str]) -> list[dict[str,
     print(f"  {method}: modelled {out.modelled_cost:.4f} ms in {out.seconds:.1f}s "
           f"{out.note}", flush=True)
     outcomes.append(out)
+  against = B.parse_against(_AGAINST.value)
+  if spec.label in against:
+    outcomes.append(B.against_outcome(against[spec.label], loaded, coeffs, kernels, _SEED.value))
   measured = B.measure_outcomes(
       graph, params, [o.graph for o in outcomes], rounds=_opt("rounds"),
-      repeats_per_round=_opt("repeats_per_round"), min_round_ms=_opt("min_round_ms"))
+      repeats_per_round=_opt("repeats_per_round"), min_round_ms=_opt("min_round_ms"),
+      own_params=[o.params for o in outcomes])
   base = {"model": spec.label, "nodes_in": G.num_nodes(graph),
           "env_steps_per_s": steps_per_s}
   return B.outcome_rows(base, original, outcomes, measured)
@@ -204,6 +212,16 @@ def main(argv: list[str]) -> None:
   names = _MODELS.value or (list(QUICK_MODELS) if _QUICK.value else None)
   specs = ([workflow.resolve(n, size) for n in names] if names
            else workflow.default_models(size))
+  try:
+    against = B.parse_against(_AGAINST.value)
+  except ValueError as e:
+    raise app.UsageError(str(e)) from None
+  for model, path in against.items():  # before any work, not at that model's turn
+    if model not in {s.label for s in specs}:
+      raise app.UsageError(f"--against names model {model!r}, which this run does not "
+                           f"benchmark (models: {', '.join(s.label for s in specs)})")
+    if not Path(path).is_file():
+      raise app.UsageError(f"--against {model}: ONNX file not found: {path}")
   out_dir = Path(_OUTPUT.value)
   out_dir.mkdir(parents=True, exist_ok=True)
   coeffs = cost.coefficients(_COEFFS.value or None)

@@ -63,14 +63,23 @@ def test_benchmark_quick_one_model(tmp_path, xla_defaults_env):
   """--quick on tiny BERT, two rules, two searches: every figure present and measured, every
   graph's outputs equal the original's. The one default-suite run under XLA's default code
   generation (the rest of the suite compiles with conftest's FAST_COMPILE_XLA_FLAGS)."""
+  from xrlflow_jax import onnx_io, workflow  # pylint: disable=g-import-not-at-top
   out = tmp_path / "bench"
+  # "Another optimiser's output": the same tiny BERT with the same weights, as an ONNX file.
+  loaded, = workflow.load_many([workflow.resolve("bert", "tiny")], seed=0)
+  theirs = tmp_path / "theirs.onnx"
+  onnx_io.save(loaded.graph, loaded.params, theirs)
   stdout = _run("experiments.benchmark", "--quick", "--models=bert", "--methods=greedy,beam",
-                "--rules=matmul_gelu_fuse,add_commute", f"--output={out}", env=xla_defaults_env)
+                "--rules=matmul_gelu_fuse,add_commute", f"--output={out}",
+                f"--against=bert={theirs}", env=xla_defaults_env)
   assert "| model |" in stdout and "backend:" in stdout
   # Each model's rows are printed (and the files written) when it finishes, then the whole table.
   assert stdout.count("| model |") == 2
   assert "partial:" not in (out / "benchmark.md").read_text()  # the run finished
-  rows = _check_outputs(out, "benchmark", {"original", "greedy", "beam"})
+  rows = _check_outputs(out, "benchmark", {"original", "greedy", "beam", "against:theirs.onnx"})
+  against = [r for r in rows if r["method"] == "against:theirs.onnx"]
+  assert len(against) == 1 and against[0]["status"] == "ok", against  # timed, outputs equal
+  assert float(against[0]["max_rel_error"]) < 1e-5 and against[0]["verdict"], against
   for r in rows:
     assert r["model"] == "bert"
     assert float(r["env_steps_per_s"]) > 0
@@ -85,6 +94,20 @@ def test_benchmark_rejects_unknown_method(tmp_path):
                         timeout=120, check=False)
   assert proc.returncode != 0
   assert "unknown methods" in proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("against, message", [
+    ("bert", "entries are model=file.onnx"),
+    ("nasrnn=x.onnx", "which this run does not benchmark"),
+    ("bert=/absent/x.onnx", "ONNX file not found"),
+])
+def test_benchmark_refuses_a_bad_against_before_any_work(tmp_path, against, message):
+  proc = subprocess.run([sys.executable, "-m", "experiments.benchmark", "--quick",
+                         "--models=bert", f"--against={against}", f"--output={tmp_path}"],
+                        cwd=REPO, capture_output=True, text=True, timeout=120, check=False)
+  assert proc.returncode != 0
+  assert message in proc.stdout + proc.stderr
+  assert not (tmp_path / "benchmark.csv").exists()  # refused before any model ran
 
 
 @pytest.mark.slow

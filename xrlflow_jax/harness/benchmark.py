@@ -27,7 +27,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 import jax
 import numpy as np
 
-from xrlflow_jax import cost, measure, search, workflow
+from xrlflow_jax import cost, executor, measure, search, workflow
 from xrlflow_jax import graph as G
 from xrlflow_jax.agents import ppo, runs
 from xrlflow_jax.graph import Graph, ParamStore
@@ -72,6 +72,10 @@ class Outcome:
     modelled_cost: its modelled cost (ms); seconds: wall time of the method (compiles included).
     rewrites: rewrites applied (None when the method does not report them).
     note: an error or remark for the report.
+    params: the graph's own weights (a graph loaded apart, e.g. another optimiser's output of
+      the model); None: the original's.
+    outputs_comparable: False when its outputs cannot equal the original's for a reason that is
+      not a bug (a file without weight data was given random ones): not compared.
   """
   method: str
   graph: Graph | None
@@ -79,6 +83,8 @@ class Outcome:
   seconds: float = 0.0
   rewrites: int | None = None
   note: str = ""
+  params: ParamStore | None = None
+  outputs_comparable: bool = True
 
 
 def modelled_cost(graph: Graph, coeffs: cost.CostCoefficients,
@@ -247,6 +253,41 @@ def policy_outcomes(policy: TrainedPolicy, graph: Graph, params: ParamStore, *,
           for label, k in (("ppo-argmax", 0), (f"ppo-best-of-{samples}", samples))]
 
 
+def parse_against(entries: Iterable[str]) -> dict[str, str]:
+  """{"model": "file.onnx"} from "model=file.onnx" entries (`--against`); ValueError naming a
+  malformed entry."""
+  out: dict[str, str] = {}
+  for entry in entries:
+    model, sep, path = str(entry).partition("=")
+    if not sep or not model.strip() or not path.strip():
+      raise ValueError(f"--against entries are model=file.onnx, got {entry!r}")
+    out[model.strip()] = path.strip()
+  return out
+
+
+def against_outcome(path: str, original: workflow.Loaded, coeffs: cost.CostCoefficients,
+                    kernels: cost.KernelTimes | None = None, seed: int = 0) -> Outcome:
+  """Another optimiser's ONNX output of the same model (e.g. TASO's) as an outcome timed beside
+  the methods' ("against:<file>"): its own weights; its outputs compared with the original's
+  only when both carry their weights. A file that does not load, or takes other inputs, is a
+  failed outcome that says why."""
+  label = f"against:{os.path.basename(path)}"
+  t0 = time.perf_counter()
+  try:
+    other = workflow.load(path, seed=seed)
+    ours, theirs = (executor.input_signature(g) for g in (original.graph, other.graph))
+    if ours != theirs:
+      raise ValueError(f"{path} takes other inputs than {original.label}: {theirs} against "
+                       f"{ours}")
+  except Exception as e:  # pylint: disable=broad-except
+    return failed(label, e, time.perf_counter() - t0)
+  comparable = not (original.random_weights or other.random_weights)
+  return Outcome(label, other.graph, modelled_cost(other.graph, coeffs, kernels),
+                 time.perf_counter() - t0, None,
+                 "" if comparable else "outputs not compared: a file without weight data was "
+                 "given random weights", params=other.params, outputs_comparable=comparable)
+
+
 # ----------------------------------------------------------------------------------------------
 # Measurement
 # ----------------------------------------------------------------------------------------------
@@ -268,15 +309,19 @@ class Measured:
 
 def measure_outcomes(original: Graph, params: ParamStore, graphs: Sequence[Graph | None], *,
                      rounds: int = 10, repeats_per_round: int = 3,
-                     min_round_ms: float = 30.0, backend: str | None = None) -> Measured:
+                     min_round_ms: float = 30.0, backend: str | None = None,
+                     own_params: Sequence[ParamStore | None] | None = None) -> Measured:
   """Latency of `original` and of each graph, timed interleaved in one process with an
   identical copy of the original as control (`measure.compare`), and each graph's outputs
-  compared with the original's on the same random inputs."""
+  compared with the original's on the same random inputs. `own_params[i]`: graph i's own
+  weights (a graph loaded apart; None: `params`)."""
+  own = list(own_params) if own_params is not None else [None] * len(graphs)
   present = [g for g in graphs if g is not None]  # compiling validates each of them
   cmp = measure.compare(original, present, params, rounds=rounds,
                         repeats_per_round=repeats_per_round, min_round_ms=min_round_ms,
                         backend=backend,
-                        tolerance=measure.DEFAULT_TOLERANCE)
+                        tolerance=measure.DEFAULT_TOLERANCE,
+                        candidate_params=[p for g, p in zip(graphs, own) if g is not None])
   index = iter(range(len(present)))
   at = [None if g is None else next(index) for g in graphs]
 
@@ -305,7 +350,7 @@ def outcome_rows(base: Mapping[str, Any], original: Outcome, outcomes: Sequence[
            "rewrites": 0, "max_rel_error": 0.0, "status": "ok", "note": ""}]
   for o, s, v, n in zip(outcomes, measured.stats, measured.speedups, measured.numerics):
     ok = o.graph is not None and s is not None
-    differ = ok and not n.passed
+    differ = ok and o.outputs_comparable and not n.passed
     rows.append({
         **base, "method": o.method, "nodes": G.num_nodes(o.graph) if ok else "",
         "modelled_ms": o.modelled_cost,
@@ -314,7 +359,7 @@ def outcome_rows(base: Mapping[str, Any], original: Outcome, outcomes: Sequence[
         "measured_speedup": v.ratio if ok else nan, "speedup_low": v.low if ok else nan,
         "speedup_high": v.high if ok else nan, "verdict": v.verdict if ok else "",
         "seconds": o.seconds, "rewrites": "" if o.rewrites is None else o.rewrites,
-        "max_rel_error": n.max_rel_error if ok else nan,
+        "max_rel_error": n.max_rel_error if ok and o.outputs_comparable else nan,
         "status": "ok" if ok and not differ else "failed",
         "note": o.note + (f" OUTPUTS DIFFER ({n.describe()})" if differ else "")})
   return rows
