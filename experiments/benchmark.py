@@ -34,7 +34,7 @@ from __future__ import annotations
 import gc
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 import jax
 from absl import app, flags
@@ -143,8 +143,10 @@ COLUMNS = [("model", "model", ""), ("nodes_in", "nodes", ""), ("env_steps_per_s"
            ("note", "note", "")]
 
 
-def benchmark_model(spec, ruleset, coeffs, methods: list[str]) -> list[dict[str, Any]]:
-  """Every method on one model; rows for the report (original first)."""
+def benchmark_model(spec, ruleset, coeffs, methods: list[str],
+                    against: Mapping[str, str] | None = None) -> list[dict[str, Any]]:
+  """Every method on one model, and `against[spec.label]` when given (`--against`); rows for
+  the report (original first)."""
   cap = _opt("capacity")
   loaded, = workflow.load_many([spec], capacity=cap if cap > 0 else None, seed=_SEED.value)
   graph, params = loaded.graph, loaded.params
@@ -181,7 +183,7 @@ def benchmark_model(spec, ruleset, coeffs, methods: list[str]) -> list[dict[str,
     print(f"  {method}: modelled {out.modelled_cost:.4f} ms in {out.seconds:.1f}s "
           f"{out.note}", flush=True)
     outcomes.append(out)
-  against = B.parse_against(_AGAINST.value)
+  against = against or {}
   if spec.label in against:
     outcomes.append(B.against_outcome(against[spec.label], loaded, coeffs, kernels, _SEED.value))
   measured = B.measure_outcomes(
@@ -235,7 +237,7 @@ def main(argv: list[str]) -> None:
   rows: list[dict[str, Any]] = []
   for done, spec in enumerate(specs, 1):
     try:
-      new_rows = benchmark_model(spec, ruleset, coeffs, methods)
+      new_rows = benchmark_model(spec, ruleset, coeffs, methods, against)
     except XrlflowError as e:  # a model this project refuses: a failed row with its reason
       print(f"  {spec.label}: failed ({type(e).__name__}: {str(e)[:200]})", flush=True)
       new_rows = [B.failed_row({"model": spec.label}, e)]

@@ -135,6 +135,17 @@ def input_signature(graph: layout.Graph) -> list[tuple[tuple[int, ...], str]]:
            np.dtype(jnp.dtype(ops.numpy_dtype(int(nd["dtype"][v])))).name) for _, v in inputs]
 
 
+def input_mismatch(reference: layout.Graph, other: layout.Graph) -> str | None:
+  """None when `other` takes the same inputs as `reference` (count, shapes, dtypes), else
+  "<other's inputs> against <reference's inputs>" for an error message."""
+  ref, its = input_signature(reference), input_signature(other)
+  if ref == its:
+    return None
+  def text(signature):
+    return ", ".join(f"{list(shape)} {dtype}" for shape, dtype in signature) or "no inputs"
+  return f"{text(its)} against {text(ref)}"
+
+
 def _index_bounds(g: layout.Graph, table: np.ndarray) -> dict[int, int]:
   """For Input nodes used as Gather indices: the size of the gathered axis (smallest use)."""
   nd = g.nodes

@@ -331,13 +331,18 @@ def compare(reference: layout.Graph, candidates: Sequence[layout.Graph], params:
   take the reference's inputs (same count, shapes and dtypes), which it is given.
 
   Raises:
-    MeasurementError: bad settings. BackendError, DeviceMemoryError: see `cost.latency`.
+    MeasurementError: bad settings, or a candidate with its own weights that takes other
+      inputs. BackendError, DeviceMemoryError: see `cost.latency`.
   """
   check_settings(rounds, repeats_per_round, warmup, min_round_ms)
   own = list(candidate_params) if candidate_params is not None else [None] * len(candidates)
   if len(own) != len(candidates):
     raise MeasurementError(f"candidate_params has {len(own)} entries for {len(candidates)} "
                            "candidates")
+  for i, (g, p) in enumerate(zip(candidates, own)):  # before anything compiles
+    mismatch = None if p is None else executor.input_mismatch(reference, g)
+    if mismatch:
+      raise MeasurementError(f"candidate {i} takes other inputs than the reference: {mismatch}")
   device = latency.resolve_device(backend)
   ref_hash = graph_host.structural_hash(reference)
   hashes = [graph_host.structural_hash(g) for g in candidates]
@@ -362,8 +367,8 @@ def compare(reference: layout.Graph, candidates: Sequence[layout.Graph], params:
   for i, g in changed:
     c = latency.compile_graph(g, params if own[i] is None else own[i], device=device,
                               seed=seed, precision=precision, what=f"candidate {i}")
-    if own[i] is not None:
-      c = _with_inputs_of(compiled[0], c, i)
+    if own[i] is not None:  # the reference's inputs (equal specs; index bounds may differ)
+      c = dataclasses.replace(c, args=(c.args[0], *compiled[0].args[1:]))
     compiled.append(c)
   if changed:
     repeats_per_round = repeats_for(compiled[0], repeats_per_round, min_round_ms, warmup)
@@ -384,20 +389,6 @@ def compare(reference: layout.Graph, candidates: Sequence[layout.Graph], params:
   return Comparison(stats[0], stats[1] if changed else None, cand_stats, speedups, numerics,
                     round_ms)
 
-
-def _with_inputs_of(reference: latency.CompiledGraph, other: latency.CompiledGraph,
-                    index: int) -> latency.CompiledGraph:
-  """`other` run on the reference's inputs; MeasurementError when its inputs differ in count,
-  shape or dtype (a graph loaded apart, e.g. another optimiser's output of the same model)."""
-  ref_in, its_in = reference.args[1:], other.args[1:]
-  def sig(xs):
-    return [(tuple(x.shape), str(x.dtype)) for x in xs]
-  if sig(ref_in) != sig(its_in):
-    raise MeasurementError(
-        f"candidate {index} takes other inputs than the reference: "
-        + ", ".join(f"{list(s)} {d}" for s, d in sig(its_in)) + " against "
-        + ", ".join(f"{list(s)} {d}" for s, d in sig(ref_in)))
-  return dataclasses.replace(other, args=(other.args[0], *ref_in))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -275,10 +275,9 @@ def against_outcome(path: str, original: workflow.Loaded, coeffs: cost.CostCoeff
   t0 = time.perf_counter()
   try:
     other = workflow.load(path, seed=seed)
-    ours, theirs = (executor.input_signature(g) for g in (original.graph, other.graph))
-    if ours != theirs:
-      raise ValueError(f"{path} takes other inputs than {original.label}: {theirs} against "
-                       f"{ours}")
+    mismatch = executor.input_mismatch(original.graph, other.graph)
+    if mismatch:
+      raise ValueError(f"{path} takes other inputs than {original.label}: {mismatch}")
   except Exception as e:  # pylint: disable=broad-except
     return failed(label, e, time.perf_counter() - t0)
   comparable = not (original.random_weights or other.random_weights)

@@ -14,8 +14,7 @@ from xrlflow_jax import compilation_cache, cost, executor
 from xrlflow_jax import graph as G
 from xrlflow_jax.cost import calibrate
 from xrlflow_jax.cost import kernel_table as kernel_table_lib
-from xrlflow_jax.measure import (Comparison, MeasurementError, NumericsError, Speedup,
-                                 check_numerics, compare)
+from xrlflow_jax.measure import Comparison, NumericsError, Speedup, check_numerics, compare
 from xrlflow_jax.ops import precision as precision_lib
 from xrlflow_jax.optimize import checks, methods
 from xrlflow_jax.optimize.checks import OptimizeError
@@ -65,10 +64,6 @@ def measured_guard(loaded: Loaded, found: Found, comparison: Comparison
   kept = Found(loaded.graph, found.initial_cost_ms, found.initial_cost_ms, [], found.found_by,
                details)
   return kept, comparison.reference, Speedup.unchanged()
-
-
-def _signature_text(signature: Sequence[tuple[tuple[int, ...], str]]) -> str:
-  return ", ".join(f"{list(shape)} {dtype}" for shape, dtype in signature) or "no inputs"
 
 
 def _against(path: str, other: Loaded, loaded: Loaded, comparison: Comparison, *,
@@ -163,11 +158,9 @@ def optimize_model(source: str = DEFAULT_MODEL, *, method: str = "ppo", size: st
   other = None
   if against is not None:
     other = load_source(str(against), input_shapes=input_shapes, seed=seed)
-    ours, theirs = executor.input_signature(loaded.graph), executor.input_signature(other.graph)
-    if ours != theirs:  # refused before the search, not after it
-      raise OptimizeError(
-          f"--against {against} takes other inputs than {source}: "
-          f"{_signature_text(theirs)} against {_signature_text(ours)}")
+    mismatch = executor.input_mismatch(loaded.graph, other.graph)
+    if mismatch:  # refused before the search, not after it
+      raise OptimizeError(f"--against {against} takes other inputs than {source}: {mismatch}")
     log(f"loaded {against} to time against: {G.num_nodes(other.graph)} nodes"
         + (f"; {other.random_weights} initializers given random weights" if other.random_weights
            else ""))
@@ -207,16 +200,11 @@ def optimize_model(source: str = DEFAULT_MODEL, *, method: str = "ppo", size: st
   G.validate(best, loaded.params)
   lat_before = lat_after = verdict = None
   if measure:  # one set of compiles: the timed executables' outputs are the numerics check
-    try:
-      comparison = compare(loaded.graph, [best] + ([other.graph] if other else []),
-                           loaded.params, rounds=latency_rounds,
-                           repeats_per_round=repeats_per_round, min_round_ms=min_round_ms,
-                           seed=seed, tolerance=tolerance, precision=policy,
-                           candidate_params=[None] + ([other.params] if other else []))
-    except MeasurementError as e:
-      if other is None:
-        raise
-      raise OptimizeError(f"--against {against}: {e}") from None
+    comparison = compare(loaded.graph, [best] + ([other.graph] if other else []),
+                         loaded.params, rounds=latency_rounds,
+                         repeats_per_round=repeats_per_round, min_round_ms=min_round_ms,
+                         seed=seed, tolerance=tolerance, precision=policy,
+                         candidate_params=[None] + ([other.params] if other else []))
     numerics = comparison.numerics[0]
     lat_before, lat_after, verdict = (comparison.reference, comparison.candidates[0],
                                       comparison.speedups[0])
