@@ -232,6 +232,56 @@ def test_match_hints_skip_rules_and_cap_anchors_as_told():
   assert bound[matmul] == 8
 
 
+def test_compact_keeps_the_first_valid_candidates_in_order():
+  """`compact` (one sort for many rules) equals `nonzero(size=L)` row by row, with fewer,
+  as many and more candidates than locations, and more valid ones than fit."""
+  rng = np.random.default_rng(0)
+  for c, size in ((3, 8), (8, 8), (40, 8), (300, 64)):
+    ok = rng.random((5, c)) < np.array([0.0, 0.1, 0.5, 0.9, 1.0])[:, None]
+    nodes = rng.integers(0, 1000, (5, c, 3)).astype(np.int32)
+    valid, picked, found = jax.jit(rules.compile.compact, static_argnums=2)(ok, nodes, size)
+    for g in range(5):
+      (idx,) = np.nonzero(ok[g])
+      assert int(found[g]) == idx.size
+      k = min(idx.size, size)
+      np.testing.assert_array_equal(valid[g], np.arange(size) < k)
+      np.testing.assert_array_equal(picked[g, :k], nodes[g, idx[:k]])
+      assert (np.asarray(picked[g, k:]) == -1).all()
+
+
+def test_ruleset_match_equals_each_rule_bound_alone():
+  """The rule set compacts rules of equal candidate count together and puts them back in rule
+  order: every rule's locations equal its own candidates compacted independently (numpy),
+  for single-root, joined and symmetric three-root rules, skipped rules (`only`) and an
+  anchor cap below the location count."""
+  names = ("add_commute", "merge_matmul_shared_input_2", "merge_matmul_shared_input_3",
+           "conv_relu_fuse", "transpose_fuse", "merge_conv_shared_input", "slice_of_concat_first",
+           "split_matmul_shared_input_2")
+  subset = RuleSet([BY_NAME[n] for n in names], max_locations=4)
+  for model in ("bert", "resnet18"):
+    g = models.build(model, "tiny", capacity=256)[0]
+    counts = rules.graph_op_counts([g])
+    only = frozenset(range(0, len(names), 2))
+    for kwargs in ({}, {"only": only}, {"anchor_caps": {int(Op.ADD): 2}}):
+      got = jax.jit(lambda x, kw=kwargs: subset.match(x, **kw))(g)
+
+      def alone(x, kw=kwargs):
+        f = rules.Features(x, subset.need_depth, subset.max_anchors, kw.get("anchor_caps"))
+        return [c.bind_all(f) for c in subset.compiled]
+      for r, (ok, nodes) in enumerate(jax.jit(alone)(g)):
+        ok, nodes = np.asarray(ok), np.asarray(nodes)
+        if "only" in kwargs and r not in only:
+          ok = np.zeros_like(ok)
+        (idx,) = np.nonzero(ok)
+        k = min(idx.size, 4)
+        assert int(got.found[r]) == idx.size, (model, names[r], kwargs)
+        np.testing.assert_array_equal(got.mask[r], np.arange(4) < k)
+        p = nodes.shape[-1]
+        np.testing.assert_array_equal(got.nodes[r, :k, :p], nodes[idx[:k]])
+        assert (np.asarray(got.nodes[r, k:]) == -1).all() and (np.asarray(got.nodes[r, :, p:]) == -1).all()
+    assert int(got.found[0]) == 2  # the cap: add_commute examined two Adds
+
+
 # Inception-v3's walk takes about 100 s (its lowerings dominate); it runs with `-m slow`.
 _SLOW_WALKS = ("inception_v3",)
 

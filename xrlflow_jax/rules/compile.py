@@ -49,6 +49,7 @@ class Features:
     self.table = layout.input_table(graph)  # int32[N, K]
     self.k = self.table.shape[-1]
     self.n_inputs = (self.table >= 0).sum(-1).astype(jnp.int32)  # [N]
+    self.columns = [self.table[:, k] for k in range(self.k)]  # K x int32[N]
     self.alive = graph.nodes["alive"]
     self.op = graph.nodes["op"]
     used = graph.edges["valid"] & self.alive[graph.receivers]
@@ -105,6 +106,25 @@ class Features:
     return self._sorted[(op, path)]
 
 
+def take_rows(x: jax.Array, index: jax.Array) -> jax.Array:
+  """x[index] along the first axis: x [N, ...], index int32[...] in [0, N) -> [..., ...].
+
+  One `lax.gather` built directly (clamped, as jax clamps a scalar index): `jnp` indexing
+  costs about a millisecond of Python per call to trace, and a matcher makes thousands.
+  """
+  dnums = jax.lax.GatherDimensionNumbers(offset_dims=tuple(range(index.ndim, index.ndim + x.ndim - 1)),
+                                         collapsed_slice_dims=(0,), start_index_map=(0,))
+  return jax.lax.gather(x, index[..., None], dnums, slice_sizes=(1, *x.shape[1:]),
+                        mode=jax.lax.GatherScatterMode.CLIP)
+
+
+def bound_rows(graph: layout.Graph, nodes: jax.Array) -> dict[str, jax.Array]:
+  """The `MatchView.ROW_FEATURES` of bound nodes int32[..., P] (-1 reads slot 0, as a view
+  does): {feature: [..., P, ...]}, one gather each."""
+  nodes = jnp.maximum(nodes, 0)
+  return {name: take_rows(graph.nodes[name], nodes) for name in MatchView.ROW_FEATURES}
+
+
 def node_depth(table: jax.Array, alive: jax.Array) -> jax.Array:
   """int32[N]: longest path from a source to each node (a fixed point of edge relaxation).
 
@@ -128,6 +148,32 @@ class MatchResult:
   valid: jax.Array
   nodes: jax.Array
   found: jax.Array
+
+
+def compact(ok: jax.Array, nodes: jax.Array, size: int
+            ) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """The first `size` valid candidates of G rules at once, in candidate order.
+
+  Args:
+    ok: bool[G, C] valid candidates; nodes: int32[G, C, P] their bound nodes.
+  Returns:
+    (valid bool[G, size], nodes int32[G, size, P] (-1 where not valid), found int32[G]: the
+    valid candidates before truncation). Row g equals `jnp.nonzero(ok[g], size=size)` applied
+    to `nodes[g]`; one stable sort serves every row, so a rule set compiles one compaction per
+    candidate count C instead of one per rule.
+  """
+  g, c = ok.shape
+  if c < size:  # fewer candidates than locations: pad with invalid ones
+    ok = jnp.pad(ok, ((0, 0), (0, size - c)))
+    nodes = jnp.pad(nodes, ((0, 0), (0, size - c), (0, 0)), constant_values=-1)
+    c = size
+  found = ok.sum(-1).astype(jnp.int32)
+  position = jnp.broadcast_to(jnp.arange(c, dtype=jnp.int32), (g, c))
+  _, order = jax.lax.sort((~ok, position), dimension=1, num_keys=1, is_stable=True)
+  order = order[:, :size]  # valid candidates first, each group in candidate order
+  valid = jnp.arange(size) < found[:, None]
+  picked = jnp.take_along_axis(nodes, order[:, :, None], axis=1)
+  return valid, jnp.where(valid[:, :, None], picked, -1), found
 
 
 def _paths(rule: Rule, root: int) -> dict[Ref, tuple[int, ...]]:
@@ -220,80 +266,96 @@ class CompiledRule:
     return jnp.concatenate(cands), jnp.concatenate(valid)
 
   def _bind(self, f: Features, roots: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """Binds one candidate: (ok bool[], nodes int32[P])."""
+    """Binds every candidate at once: roots int32[C, roots] -> (ok bool[C], nodes int32[C, P]).
+
+    Written over the candidate axis directly (each check is one gather or elementwise op on
+    [C] arrays), not as a per-candidate function under `vmap`: batching thousands of scalar
+    indexings was most of the matcher's tracing time. Only the rule's own constraint, written
+    for one match, is vmapped, over features gathered for all candidates beforehand.
+    """
     rule, v = self.rule, self.num_vars
+    c = roots.shape[0]
     bound: list[Any] = [None] * rule.num_bound
-    ok = jnp.asarray(True)
+    ok = jnp.ones([c], bool)
     for i, r in enumerate(self.roots):
-      bound[v + r] = roots[i]
+      bound[v + r] = roots[:, i]
     for j in reversed(range(len(rule.src))):
       s = rule.src[j]
       node = bound[v + j]
       assert node is not None, f"{rule.name}: src{j} unreachable from the roots"
-      ok = ok & f.alive[node] & (f.op[node] == int(s.op)) & (f.n_inputs[node] == len(s.inputs))
+      ok = (ok & take_rows(f.alive, node) & (take_rows(f.op, node) == int(s.op))
+            & (take_rows(f.n_inputs, node) == len(s.inputs)))
       for k, ref in enumerate(s.inputs):
-        child = jnp.maximum(f.table[node, k], 0) if k < f.k else jnp.int32(0)
+        child = (jnp.maximum(take_rows(f.columns[k], node), 0) if k < f.k
+                 else jnp.zeros([c], jnp.int32))
         idx = ref.index if ref.kind == "var" else v + ref.index
         if bound[idx] is None:
           bound[idx] = child
         else:
           ok = ok & (bound[idx] == child)
-    nodes = jnp.stack([jnp.asarray(b, jnp.int32) for b in bound])
-    src_nodes = nodes[v:]
+    bound = [b.astype(jnp.int32) for b in bound]  # [P] arrays of [C]
     for a in range(len(rule.src)):
       for b in range(a + 1, len(rule.src)):
-        ok = ok & (src_nodes[a] != src_nodes[b])
+        ok = ok & (bound[v + a] != bound[v + b])
     removed = [v + j for j, s in enumerate(rule.src) if not s.keep]
+    is_constant, is_output = f.graph.nodes["is_constant"], f.graph.nodes["is_output"]
     for i, var in enumerate(rule.vars):
       for j in removed:
-        ok = ok & (nodes[i] != nodes[j])
+        ok = ok & (bound[i] != bound[j])
       if var.const:
-        ok = ok & f.graph.nodes["is_constant"][nodes[i]]
-    roots = set(self.roots)
+        ok = ok & take_rows(is_constant, bound[i])
+    roots_set = set(self.roots)
     for j, s in enumerate(rule.src):
-      if s.keep or j in roots:
+      if s.keep or j in roots_set:
         continue
-      node = nodes[v + j]
-      ok = ok & (f.consumers[node] == self.uses[j]) & ~f.graph.nodes["is_output"][node]
+      node = bound[v + j]
+      ok = ok & (take_rows(f.consumers, node) == self.uses[j]) & ~take_rows(is_output, node)
     for root, by in rule.replace:
       if by.kind != "dst":  # replaced by an existing node: it cannot take a second output role
         idx = by.index if by.kind == "var" else v + by.index
-        ok = ok & ~(f.graph.nodes["is_output"][nodes[v + root.index]]
-                    & f.graph.nodes["is_output"][nodes[idx]])
+        ok = ok & ~(take_rows(is_output, bound[v + root.index]) & take_rows(is_output, bound[idx]))
     ok = ok & (f.free >= len(rule.dst))
     if self.needs_depth:
       for var_i, root_j in self.depth_pairs:
-        ok = ok & (f.depth[nodes[var_i]] < f.depth[nodes[v + root_j]])
+        ok = ok & (take_rows(f.depth, bound[var_i]) < take_rows(f.depth, bound[v + root_j]))
+    nodes = jnp.stack(bound, -1)  # [C, P]
     if rule.where is not None:
-      ok = ok & jnp.asarray(rule.where(MatchView(rule, f.graph, nodes)), bool)
+      rows = bound_rows(f.graph, nodes)
+
+      def where(bound_nodes, bound_rows):
+        view = MatchView(rule, f.graph, bound_nodes, rows=bound_rows)
+        return jnp.asarray(rule.where(view), bool)
+      ok = ok & jax.vmap(where)(nodes, rows)
     return ok, nodes
+
+  def bind_all(self, f: Features) -> tuple[jax.Array, jax.Array]:
+    """Every candidate of this rule, before compaction: (ok bool[C], nodes int32[C, P])."""
+    cands, cvalid = self._candidates(f)
+    ok, nodes = self._bind(f, cands)
+    return ok & cvalid, nodes
 
   def match(self, graph: layout.Graph, f: Features | None = None) -> MatchResult:
     """All locations of this rule in `graph` (jittable; vmap over a batch of graphs)."""
     f = f or Features(graph, self.needs_depth, self.max_anchors)
-    cands, cvalid = self._candidates(f)
-    ok, nodes = jax.vmap(lambda c: self._bind(f, c))(cands)
-    ok = ok & cvalid
-    found = ok.sum().astype(jnp.int32)
-    (idx,) = jnp.nonzero(ok, size=self.max_locations, fill_value=0)
-    valid = jnp.arange(self.max_locations) < found
-    nodes = jnp.where(valid[:, None], nodes[idx], -1)
-    return MatchResult(valid, nodes, found)
+    ok, nodes = self.bind_all(f)
+    valid, nodes, found = compact(ok[None], nodes[None], self.max_locations)
+    return MatchResult(valid[0], nodes[0], found[0])
 
   # ------------------------------------------------------------------ editing
   def plan(self, graph: layout.Graph, nodes: jax.Array, m: int, q: int,
-           fr: int) -> edit_lib.Edit:
+           fr: int, rows: dict[str, jax.Array] | None = None) -> edit_lib.Edit:
     """The edit for one location (`nodes` int32[P] from `match`), padded to (m, q, fr), with
     shapes, dtypes and constness of the new nodes left for `edit_lib.complete` to fill in.
 
     Attribute functions see the matched (source) elements only, so this part is small: under
     `lax.switch` every rule compiles one of these, while the shape rules compile once.
+    `rows`: the bound nodes' features, gathered beforehand (`MatchView`; `bound_rows`).
     """
     rule = self.rule
     k = layout.input_table(graph).shape[-1]
     n = graph.nodes["op"].shape[-1]
     nodes = jnp.maximum(nodes, 0)
-    view = MatchView(rule, graph, nodes)
+    view = MatchView(rule, graph, nodes, rows=rows)
     rows = []
     for d in rule.dst:
       kinds = np.zeros([k], np.int32)

@@ -177,12 +177,22 @@ class MatchView:
 
   Refs to variables and source ops read the graph at the bound node; refs to target ops read the
   new node's computed shape (only targets created earlier than the one being built).
+
+  `rows` (optional): {feature: array [P, ...]} the bound nodes' `ROW_FEATURES`, gathered
+  beforehand for every candidate at once (the matcher does, then vmaps the view over them):
+  a view then reads them by static position instead of indexing the graph.
   """
+  ROW_FEATURES = ("shape", "rank", "dtype", "is_constant", "attrs")
 
   def __init__(self, rule: Rule, graph: Any, bound: jax.Array,
-               new: dict[int, dict[str, jax.Array]] | None = None):
+               new: dict[int, dict[str, jax.Array]] | None = None,
+               rows: dict[str, jax.Array] | None = None):
     self.rule, self.graph, self.bound = rule, graph, bound
     self.new = new or {}
+    self.rows = rows
+
+  def _slot(self, ref: Ref) -> int:
+    return ref.index if ref.kind == "var" else len(self.rule.vars) + ref.index
 
   def node(self, ref: Ref) -> jax.Array:
     """Slot of a bound variable or source op (int32[])."""
@@ -194,6 +204,8 @@ class MatchView:
   def _feature(self, ref: Ref, name: str) -> jax.Array:
     if ref.kind == "dst":
       return self.new[ref.index][name]
+    if self.rows is not None:
+      return self.rows[name][self._slot(ref)]
     return self.graph.nodes[name][self.node(ref)]
 
   def shape(self, ref: Ref) -> jax.Array:
@@ -225,9 +237,7 @@ class MatchView:
 
   def attrs(self, ref: Ref) -> jax.Array:
     """The raw attribute vector int32[A]."""
-    if ref.kind == "dst":
-      return self.new[ref.index]["attrs"]
-    return self.graph.nodes["attrs"][self.node(ref)]
+    return self._feature(ref, "attrs")
 
   def attr(self, ref: Ref, name: str, op: Op | None = None) -> jax.Array:
     """A decoded attribute: int32[] (or int32[width] for wide fields; float32 for floats)."""

@@ -14,6 +14,8 @@ from xrlflow_jax.graph import layout
 from xrlflow_jax.rules import edit as edit_lib
 from xrlflow_jax.rules.compile import (DEFAULT_JOIN_WINDOW, DEFAULT_MAX_LOCATIONS, CompiledRule,
                                        Features)
+from xrlflow_jax.rules.compile import bound_rows
+from xrlflow_jax.rules.compile import compact as compact_lib
 from xrlflow_jax.rules.pattern import Rule
 
 
@@ -97,23 +99,37 @@ class RuleSet:
         (`op_count_bounds`): a rule examines that many nodes of its root op, not `max_anchors`.
     """
     f = Features(graph, self.need_depth, self.max_anchors, anchor_caps)
-    masks, nodes, found = [], [], []
-    l = self.max_locations
+    l, p = self.max_locations, self.num_bound
+    # Bind every rule's candidates, then compact the rules with the same candidate count C
+    # together (one sort per C, not one compaction per rule: a third of the matcher's XLA
+    # kernels were per-rule compactions).
+    groups: dict[int, list[tuple[int, jax.Array, jax.Array]]] = {}
     for i, c in enumerate(self.compiled):
       if only is not None and i not in only:
-        masks.append(jnp.zeros([l], bool))
-        nodes.append(jnp.full([l, self.num_bound], -1, jnp.int32))
-        found.append(jnp.int32(0))
         continue
-      res = c.match(graph, f)
-      pad = self.num_bound - res.nodes.shape[-1]
-      masks.append(res.valid)
-      nodes.append(jnp.pad(res.nodes, ((0, 0), (0, pad)), constant_values=-1))
-      found.append(res.found)
+      ok, nodes = c.bind_all(f)
+      nodes = jnp.pad(nodes, ((0, 0), (0, p - nodes.shape[-1])), constant_values=-1)
+      groups.setdefault(ok.shape[0], []).append((i, ok, nodes))
+    order: list[int] = []
+    masks, bound, found = [], [], []
+    for members in groups.values():
+      valid, nodes, count = compact_lib(jnp.stack([m[1] for m in members]),
+                                        jnp.stack([m[2] for m in members]), l)
+      order += [m[0] for m in members]
+      masks.append(valid)
+      bound.append(nodes)
+      found.append(count)
+    skipped = [i for i in range(len(self.compiled)) if i not in order]
+    if skipped:  # rules not matched (`only`): no location, nothing traced
+      order += skipped
+      masks.append(jnp.zeros([len(skipped), l], bool))
+      bound.append(jnp.full([len(skipped), l, p], -1, jnp.int32))
+      found.append(jnp.zeros([len(skipped)], jnp.int32))
+    back = np.argsort(np.asarray(order))  # rows back into rule order
+    mask, nodes, count = (jnp.concatenate(x)[back] for x in (masks, bound, found))
     dropped = jnp.stack([f.anchors_dropped(int(c.rule.src[c.roots[0]].op))
                          for c in self.compiled])
-    return RuleSetMatch(mask=jnp.stack(masks), nodes=jnp.stack(nodes), found=jnp.stack(found),
-                        anchors_dropped=dropped)
+    return RuleSetMatch(mask=mask, nodes=nodes, found=count, anchors_dropped=dropped)
 
   def edit(self, graph: layout.Graph, rule_index: jax.Array, nodes: jax.Array) -> edit_lib.Edit:
     """The padded edit of rule `rule_index` at `nodes` (int32[P]).
@@ -139,10 +155,10 @@ class RuleSet:
     """
     out = []
     for r, c in enumerate(self.compiled):
-      def plan(bound, c=c):
-        return c.plan(graph, bound[:c.rule.num_bound], self.max_new, self.max_redirects,
-                      self.max_freed)
-      out.append(jax.vmap(plan)(nodes[r]))
+      def plan(bound, rows, c=c):
+        return c.plan(graph, bound, self.max_new, self.max_redirects, self.max_freed, rows)
+      bound = nodes[r][:, :c.rule.num_bound]
+      out.append(jax.vmap(plan)(bound, bound_rows(graph, bound)))
     return jax.tree_util.tree_map(lambda *xs: jnp.concatenate(xs, 0), *out)
 
   def candidates(self, graph: layout.Graph, nodes: jax.Array, mask: jax.Array,

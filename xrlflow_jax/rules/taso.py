@@ -621,7 +621,7 @@ class _Translation:
     return ok
 
   def _constraint_jax(self, m: MatchView) -> Any:
-    return self.constraint(_JaxView(m.rule, m.graph, m.bound, new={}))
+    return self.constraint(_JaxView(m.rule, m.graph, m.bound, new={}, rows=m.rows))
 
   # ------------------------------------------------------------------ examples
   def _example(self, b: GraphBuilder, rng: np.random.Generator) -> list[Tensor]:
