@@ -125,6 +125,15 @@ def bound_rows(graph: layout.Graph, nodes: jax.Array) -> dict[str, jax.Array]:
   return {name: take_rows(graph.nodes[name], nodes) for name in MatchView.ROW_FEATURES}
 
 
+def _stack(values: list[Any], dtype: Any) -> Any:
+  """np.stack of `values` cast to `dtype` when none is traced (a constant), else jnp.stack."""
+  if not values:
+    return np.zeros([0], dtype)
+  if any(isinstance(x, jax.Array) for x in values):
+    return jnp.stack([jnp.asarray(x, dtype) for x in values])
+  return np.stack([np.asarray(x, dtype) for x in values])
+
+
 def node_depth(table: jax.Array, alive: jax.Array) -> jax.Array:
   """int32[N]: longest path from a source to each node (a fixed point of edge relaxation).
 
@@ -359,47 +368,46 @@ class CompiledRule:
     rows = []
     for d in rule.dst:
       kinds = np.zeros([k], np.int32)
-      refs = [jnp.int32(0)] * k
+      refs: list[Any] = [np.int32(0)] * k
       for i, ref in enumerate(d.inputs):
         if ref.kind == "dst":
-          kinds[i], refs[i] = edit_lib.NEW, jnp.int32(ref.index)
+          kinds[i], refs[i] = edit_lib.NEW, np.int32(ref.index)
         else:
           kinds[i], refs[i] = edit_lib.EXISTING, view.node(ref)
       base = view.attrs(d.like) if d.like is not None else None
       values = {name: (fn(view) if callable(fn) else fn) for name, fn in d.attrs}
-      rows.append((int(d.op), encode_attrs_jit(d.op, base, values), kinds, jnp.stack(refs)))
+      rows.append((int(d.op), encode_attrs_jit(d.op, base, values), kinds, _stack(refs, np.int32)))
     red_old, red_kind, red_ref = [], [], []
     for root, by in rule.replace:
       red_old.append(view.node(root))
       if by.kind == "dst":
         red_kind.append(edit_lib.NEW)
-        red_ref.append(jnp.int32(by.index))
+        red_ref.append(np.int32(by.index))
       else:
         red_kind.append(edit_lib.EXISTING)
         red_ref.append(view.node(by))
     free = [view.node(Ref("src", j)) for j, s in enumerate(rule.src) if not s.keep]
 
     def pad(values, size, fill, dtype):
-      values = [jnp.asarray(x, dtype) for x in values]
-      values += [jnp.asarray(fill, dtype)] * (size - len(values))
-      return jnp.stack(values) if values else jnp.zeros([0], dtype)
+      return _stack(list(values) + [fill] * (size - len(values)), dtype)
 
     nd = len(rule.dst)
+    # What the rule fixes (op codes, input kinds, padding) stays numpy: constants, not traced ops.
     return edit_lib.Edit(
-        new_valid=jnp.arange(m) < nd,
-        new_op=pad([r[0] for r in rows], m, 0, jnp.int32),
-        new_attrs=pad([r[1] for r in rows], m, jnp.zeros([ops.ATTR_WIDTH]), jnp.int32),
-        new_shape=jnp.ones([m, R], jnp.int32),
-        new_rank=jnp.zeros([m], jnp.int32),
-        new_dtype=jnp.zeros([m], jnp.int32),
-        new_const=jnp.zeros([m], bool),
-        in_kind=pad([r[2] for r in rows], m, np.zeros([k]), jnp.int32),
-        in_ref=pad([r[3] for r in rows], m, np.zeros([k]), jnp.int32),
-        red_old=pad(red_old, q, n, jnp.int32),
-        red_kind=pad(red_kind, q, 0, jnp.int32),
-        red_ref=pad(red_ref, q, 0, jnp.int32),
-        free=pad(free, fr, n, jnp.int32),
-        ok=jnp.asarray(True))
+        new_valid=np.arange(m) < nd,
+        new_op=pad([r[0] for r in rows], m, 0, np.int32),
+        new_attrs=pad([r[1] for r in rows], m, np.zeros([ops.ATTR_WIDTH]), np.int32),
+        new_shape=np.ones([m, R], np.int32),
+        new_rank=np.zeros([m], np.int32),
+        new_dtype=np.zeros([m], np.int32),
+        new_const=np.zeros([m], bool),
+        in_kind=pad([r[2] for r in rows], m, np.zeros([k]), np.int32),
+        in_ref=pad([r[3] for r in rows], m, np.zeros([k]), np.int32),
+        red_old=pad(red_old, q, n, np.int32),
+        red_kind=pad(red_kind, q, 0, np.int32),
+        red_ref=pad(red_ref, q, 0, np.int32),
+        free=pad(free, fr, n, np.int32),
+        ok=np.asarray(True))
 
   def edit(self, graph: layout.Graph, nodes: jax.Array, m: int, q: int, fr: int) -> edit_lib.Edit:
     """The complete edit for one location (shapes from the shape rules)."""

@@ -76,6 +76,7 @@ def complete(graph: layout.Graph, edit: Edit) -> Edit:
   every replacement has exactly the shape and dtype of the tensor it replaces; a failure makes
   `ok` false and the edit is not applied.
   """
+  edit = jax.tree_util.tree_map(jnp.asarray, edit)  # a plan keeps what it fixes as numpy
   nodes = graph.nodes
   n = nodes["op"].shape[-1]
   m, k = edit.in_kind.shape

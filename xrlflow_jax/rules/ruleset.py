@@ -134,15 +134,17 @@ class RuleSet:
   def edit(self, graph: layout.Graph, rule_index: jax.Array, nodes: jax.Array) -> edit_lib.Edit:
     """The padded edit of rule `rule_index` at `nodes` (int32[P]).
 
-    The rule-specific plan is chosen by `lax.switch`; shapes come from one shared pass over the
-    shape rules (`edit_lib.complete`).
+    Every rule's small plan is built at `nodes` and the rule's is selected (an index clamped
+    into range, as `lax.switch` clamps): one flat computation, cheaper to trace and compile
+    than a switch over the rules, and what a switch under `vmap` would run anyway. Shapes come
+    from one shared pass over the shape rules (`edit_lib.complete`).
     """
-    def branch(c: CompiledRule):
-      def fn(graph, nodes):
-        return c.plan(graph, nodes[:c.rule.num_bound], self.max_new, self.max_redirects,
-                      self.max_freed)
-      return fn
-    plan = jax.lax.switch(rule_index, [branch(c) for c in self.compiled], graph, nodes)
+    rows = bound_rows(graph, nodes)
+    plans = [c.plan(graph, nodes[:c.rule.num_bound], self.max_new, self.max_redirects,
+                    self.max_freed, {k: v[:c.rule.num_bound] for k, v in rows.items()})
+             for c in self.compiled]
+    index = jnp.clip(rule_index, 0, len(self.compiled) - 1)
+    plan = jax.tree_util.tree_map(lambda *xs: jnp.stack(xs)[index], *plans)
     return edit_lib.complete(graph, plan)
 
   def plans(self, graph: layout.Graph, nodes: jax.Array) -> edit_lib.Edit:
