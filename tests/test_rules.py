@@ -19,6 +19,8 @@ from xrlflow_jax.rules import RuleSet
 from xrlflow_jax.rules.library import builtin_rules
 from xrlflow_jax.rules.verify import verify_rule
 
+from tests.conftest import SHARED
+
 RULES = builtin_rules()
 BY_NAME = {r.name: r for r in RULES}
 HARNESS = RuleSet(RULES, max_locations=16)  # one compilation verifies every rule
@@ -233,8 +235,9 @@ def test_match_hints_skip_rules_and_cap_anchors_as_told():
 
 
 def test_compact_keeps_the_first_valid_candidates_in_order():
-  """`compact` (one sort for many rules) equals `nonzero(size=L)` row by row, with fewer,
-  as many and more candidates than locations, and more valid ones than fit."""
+  """`compact` (many rules at once) equals `nonzero(size=L)` row by row, with fewer, as many
+  and more candidates than locations, and more valid ones than fit; `compact_index` gives the
+  positions it picked."""
   rng = np.random.default_rng(0)
   for c, size in ((3, 8), (8, 8), (40, 8), (300, 64)):
     ok = rng.random((5, c)) < np.array([0.0, 0.1, 0.5, 0.9, 1.0])[:, None]
@@ -247,6 +250,45 @@ def test_compact_keeps_the_first_valid_candidates_in_order():
       np.testing.assert_array_equal(valid[g], np.arange(size) < k)
       np.testing.assert_array_equal(picked[g, :k], nodes[g, idx[:k]])
       assert (np.asarray(picked[g, k:]) == -1).all()
+    index, valid_i, found_i = jax.jit(rules.compile.compact_index, static_argnums=1)(ok, size)
+    np.testing.assert_array_equal(valid_i, valid)
+    np.testing.assert_array_equal(found_i, found)
+    for g in range(5):
+      (idx,) = np.nonzero(ok[g])
+      k = min(idx.size, size)
+      np.testing.assert_array_equal(index[g, :k], idx[:k])
+
+
+def _constraint_rules() -> list:
+  rules_with_where = [r for r in RULES if r.where is not None]
+  taso_path = SHARED / "taso" / "graph_subst.pb"
+  if taso_path.is_file():
+    rules_with_where += [r for r in rules.load_taso(taso_path).rules if r.where is not None]
+  return rules_with_where
+
+
+def test_constraints_read_prefetched_rows_as_the_graph(monkeypatch):
+  """A constraint reads the rows the matcher prefetched for it (only those it reads, found by
+  tracing it once) exactly as it would read the graph: binding every rule with prefetching
+  and with every read from the graph gives the same candidates (built-in rules, and TASO's
+  where ../shared has them), and prefetching is not empty."""
+  constrained = _constraint_rules()
+  subset = RuleSet(constrained)
+  g = models.build("bert", "tiny", capacity=256)[0]
+
+  def bind(x):
+    f = rules.Features(x, subset.need_depth, subset.max_anchors, None)
+    return [c.bind_all(f) for c in subset.compiled]
+  prefetched = jax.jit(bind)(g)
+  reads = {c.rule.name: c._where_reads(g, c.rule.num_bound)  # pylint: disable=protected-access
+           for c in subset.compiled}
+  assert sum(bool(r) for r in reads.values()) >= len(reads) // 2, reads
+  for c in subset.compiled:
+    monkeypatch.setattr(c, "_where_reads", lambda graph, p: ())
+  from_graph = jax.jit(bind)(g)
+  for c, (ok_a, nodes_a), (ok_b, nodes_b) in zip(subset.compiled, prefetched, from_graph):
+    np.testing.assert_array_equal(ok_a, ok_b, err_msg=c.rule.name)
+    np.testing.assert_array_equal(nodes_a, nodes_b, err_msg=c.rule.name)
 
 
 def test_ruleset_match_equals_each_rule_bound_alone():

@@ -17,7 +17,8 @@ Matching, for one rule, with no Python loop over nodes:
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping
+from collections.abc import Iterator, Mapping
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -27,7 +28,7 @@ from xrlflow_jax import ops
 from xrlflow_jax.graph import layout
 from xrlflow_jax.ops import MAX_RANK as R
 from xrlflow_jax.rules import edit as edit_lib
-from xrlflow_jax.rules.pattern import MatchView, Ref, Rule, encode_attrs_jit
+from xrlflow_jax.rules.pattern import MatchView, Ref, Rule, by_slot, encode_attrs_jit
 
 DEFAULT_MAX_LOCATIONS = 64
 DEFAULT_JOIN_WINDOW = 4
@@ -159,29 +160,31 @@ class MatchResult:
   found: jax.Array
 
 
-def compact(ok: jax.Array, nodes: jax.Array, size: int
-            ) -> tuple[jax.Array, jax.Array, jax.Array]:
+def compact_index(ok: jax.Array, size: int) -> tuple[jax.Array, jax.Array, jax.Array]:
   """The first `size` valid candidates of G rules at once, in candidate order.
 
   Args:
-    ok: bool[G, C] valid candidates; nodes: int32[G, C, P] their bound nodes.
+    ok: bool[G, C] valid candidates.
   Returns:
-    (valid bool[G, size], nodes int32[G, size, P] (-1 where not valid), found int32[G]: the
-    valid candidates before truncation). Row g equals `jnp.nonzero(ok[g], size=size)` applied
-    to `nodes[g]`; one stable sort serves every row, so a rule set compiles one compaction per
-    candidate count C instead of one per rule.
+    (index int32[G, size] of the valid candidates (0 past them), valid bool[G, size],
+    found int32[G]: the valid candidates before truncation). Row g's index equals
+    `jnp.nonzero(ok[g], size=size, fill_value=0)`; the rows are computed together, so a rule
+    set compiles one compaction per candidate count C instead of one per rule (a sort would
+    also do, but under a batch of graphs XLA:CPU's sort costs 1.5x the whole matcher).
   """
-  g, c = ok.shape
-  if c < size:  # fewer candidates than locations: pad with invalid ones
-    ok = jnp.pad(ok, ((0, 0), (0, size - c)))
-    nodes = jnp.pad(nodes, ((0, 0), (0, size - c), (0, 0)), constant_values=-1)
-    c = size
   found = ok.sum(-1).astype(jnp.int32)
-  position = jnp.broadcast_to(jnp.arange(c, dtype=jnp.int32), (g, c))
-  _, order = jax.lax.sort((~ok, position), dimension=1, num_keys=1, is_stable=True)
-  order = order[:, :size]  # valid candidates first, each group in candidate order
+  index = jax.vmap(lambda row: jnp.nonzero(row, size=size, fill_value=0)[0])(ok)
   valid = jnp.arange(size) < found[:, None]
-  picked = jnp.take_along_axis(nodes, order[:, :, None], axis=1)
+  return index.astype(jnp.int32), valid, found
+
+
+def compact(ok: jax.Array, nodes: jax.Array, size: int
+            ) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """`compact_index` applied to the candidates' bound nodes: ok bool[G, C], nodes
+  int32[G, C, P] -> (valid bool[G, size], nodes int32[G, size, P] (-1 where not valid),
+  found int32[G])."""
+  index, valid, found = compact_index(ok, size)
+  picked = jnp.take_along_axis(nodes, index[:, :, None], axis=1)
   return valid, jnp.where(valid[:, :, None], picked, -1), found
 
 
@@ -199,6 +202,28 @@ def _paths(rule: Rule, root: int) -> dict[Ref, tuple[int, ...]]:
             nxt.append(child)
     frontier = nxt
   return out
+
+
+class _RowRecorder(Mapping):
+  """`MatchView` rows that record which (feature, slot) a constraint reads (zeros of the
+  feature's row shape; under `jax.eval_shape` nothing runs)."""
+
+  def __init__(self, specs: Mapping[str, jax.ShapeDtypeStruct]):
+    self.specs, self.keys = specs, set()
+
+  def __getitem__(self, key: tuple[str, int]) -> jax.Array:
+    self.keys.add(key)
+    spec = self.specs[key[0]]
+    return jnp.zeros(spec.shape, spec.dtype)
+
+  def __contains__(self, key: object) -> bool:
+    return isinstance(key, tuple) and key[0] in self.specs
+
+  def __iter__(self) -> Iterator[tuple[str, int]]:
+    return iter(sorted(self.keys))
+
+  def __len__(self) -> int:
+    return len(self.keys)
 
 
 class CompiledRule:
@@ -236,6 +261,7 @@ class CompiledRule:
                         for i, p in enumerate(self.paths)
                         if v not in p and not rule.vars[v.index].const]
     self.needs_depth = bool(self.depth_pairs) and len(self.roots) > 1
+    self._reads: dict[Any, tuple[tuple[str, int], ...]] = {}
 
   # ------------------------------------------------------------------ matching
   def _candidates(self, f: Features) -> tuple[jax.Array, jax.Array]:
@@ -329,13 +355,30 @@ class CompiledRule:
         ok = ok & (take_rows(f.depth, bound[var_i]) < take_rows(f.depth, bound[v + root_j]))
     nodes = jnp.stack(bound, -1)  # [C, P]
     if rule.where is not None:
-      rows = bound_rows(f.graph, nodes)
+      # Gather for all candidates only the (feature, slot) rows the constraint reads: all
+      # rows of all bound nodes cost more than the rest of a join rule's bind under a batch.
+      rows = {key: take_rows(f.graph.nodes[key[0]], bound[key[1]])
+              for key in self._where_reads(f.graph, nodes.shape[-1])}
 
-      def where(bound_nodes, bound_rows):
-        view = MatchView(rule, f.graph, bound_nodes, rows=bound_rows)
+      def where(bound_nodes, rows):
+        view = MatchView(rule, f.graph, bound_nodes, rows=rows)
         return jnp.asarray(rule.where(view), bool)
       ok = ok & jax.vmap(where)(nodes, rows)
     return ok, nodes
+
+  def _where_reads(self, graph: layout.Graph, p: int) -> tuple[tuple[str, int], ...]:
+    """The (feature, slot) rows of `MatchView.ROW_FEATURES` the rule's constraint reads, found
+    by tracing it once on abstract values (constraints cannot branch on values)."""
+    node_specs = {name: jax.ShapeDtypeStruct(graph.nodes[name].shape[1:], graph.nodes[name].dtype)
+                  for name in MatchView.ROW_FEATURES}
+    key = tuple((name, s.shape, str(s.dtype)) for name, s in node_specs.items()) + (p,)
+    if key not in self._reads:
+      recorder = _RowRecorder(node_specs)
+      graph_spec = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), graph)
+      jax.eval_shape(lambda g, b: self.rule.where(MatchView(self.rule, g, b, rows=recorder)),
+                     graph_spec, jax.ShapeDtypeStruct((p,), jnp.int32))
+      self._reads[key] = tuple(sorted(recorder.keys))
+    return self._reads[key]
 
   def bind_all(self, f: Features) -> tuple[jax.Array, jax.Array]:
     """Every candidate of this rule, before compaction: (ok bool[C], nodes int32[C, P])."""
@@ -364,7 +407,7 @@ class CompiledRule:
     k = layout.input_table(graph).shape[-1]
     n = graph.nodes["op"].shape[-1]
     nodes = jnp.maximum(nodes, 0)
-    view = MatchView(rule, graph, nodes, rows=rows)
+    view = MatchView(rule, graph, nodes, rows=None if rows is None else by_slot(rows))
     rows = []
     for d in rule.dst:
       kinds = np.zeros([k], np.int32)

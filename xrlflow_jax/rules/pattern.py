@@ -21,6 +21,7 @@ them over all candidate locations), written with jax.numpy so they trace once.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterator, Mapping
 from typing import Any, Callable
 
 import jax
@@ -178,15 +179,16 @@ class MatchView:
   Refs to variables and source ops read the graph at the bound node; refs to target ops read the
   new node's computed shape (only targets created earlier than the one being built).
 
-  `rows` (optional): {feature: array [P, ...]} the bound nodes' `ROW_FEATURES`, gathered
-  beforehand for every candidate at once (the matcher does, then vmaps the view over them):
-  a view then reads them by static position instead of indexing the graph.
+  `rows` (optional): {(feature, slot): array [...]} some of the bound nodes' `ROW_FEATURES`,
+  gathered beforehand for every candidate at once (the matcher gathers exactly those its
+  constraint reads, then vmaps the view over them; `by_slot` wraps {feature: [P, ...]}); a
+  view reads them by static key and indexes the graph for anything else.
   """
   ROW_FEATURES = ("shape", "rank", "dtype", "is_constant", "attrs")
 
   def __init__(self, rule: Rule, graph: Any, bound: jax.Array,
                new: dict[int, dict[str, jax.Array]] | None = None,
-               rows: dict[str, jax.Array] | None = None):
+               rows: Mapping[tuple[str, int], jax.Array] | None = None):
     self.rule, self.graph, self.bound = rule, graph, bound
     self.new = new or {}
     self.rows = rows
@@ -205,7 +207,9 @@ class MatchView:
     if ref.kind == "dst":
       return self.new[ref.index][name]
     if self.rows is not None:
-      return self.rows[name][self._slot(ref)]
+      key = (name, self._slot(ref))
+      if key in self.rows:
+        return self.rows[key]
     return self.graph.nodes[name][self.node(ref)]
 
   def shape(self, ref: Ref) -> jax.Array:
@@ -250,6 +254,25 @@ class MatchView:
 
   def same_shape(self, a: Ref, b: Ref) -> jax.Array:
     return (self.rank(a) == self.rank(b)) & jnp.all(self.shape(a) == self.shape(b))
+
+
+class by_slot(Mapping):  # pylint: disable=invalid-name
+  """{(feature, slot): row} read from {feature: array [P, ...]} (`MatchView`'s `rows`)."""
+
+  def __init__(self, rows: Mapping[str, jax.Array]):
+    self._rows = rows
+
+  def __getitem__(self, key: tuple[str, int]) -> jax.Array:
+    return self._rows[key[0]][key[1]]
+
+  def __contains__(self, key: object) -> bool:
+    return isinstance(key, tuple) and key[0] in self._rows
+
+  def __iter__(self) -> Iterator[tuple[str, int]]:
+    return ((name, i) for name, v in self._rows.items() for i in range(v.shape[0]))
+
+  def __len__(self) -> int:
+    return sum(v.shape[0] for v in self._rows.values())
 
 
 def encode_attrs_jit(op: Op, base: jax.Array | None, values: dict[str, Any]) -> jax.Array:

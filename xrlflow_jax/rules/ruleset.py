@@ -14,8 +14,7 @@ from xrlflow_jax.graph import layout
 from xrlflow_jax.rules import edit as edit_lib
 from xrlflow_jax.rules.compile import (DEFAULT_JOIN_WINDOW, DEFAULT_MAX_LOCATIONS, CompiledRule,
                                        Features)
-from xrlflow_jax.rules.compile import bound_rows
-from xrlflow_jax.rules.compile import compact as compact_lib
+from xrlflow_jax.rules.compile import bound_rows, compact_index, take_rows
 from xrlflow_jax.rules.pattern import Rule
 
 
@@ -101,23 +100,24 @@ class RuleSet:
     f = Features(graph, self.need_depth, self.max_anchors, anchor_caps)
     l, p = self.max_locations, self.num_bound
     # Bind every rule's candidates, then compact the rules with the same candidate count C
-    # together (one sort per C, not one compaction per rule: a third of the matcher's XLA
-    # kernels were per-rule compactions).
+    # together (one compaction per C, not one per rule: a third of the matcher's XLA kernels
+    # were per-rule compactions); only the kept candidates' nodes are gathered, per rule.
     groups: dict[int, list[tuple[int, jax.Array, jax.Array]]] = {}
     for i, c in enumerate(self.compiled):
       if only is not None and i not in only:
         continue
       ok, nodes = c.bind_all(f)
-      nodes = jnp.pad(nodes, ((0, 0), (0, p - nodes.shape[-1])), constant_values=-1)
       groups.setdefault(ok.shape[0], []).append((i, ok, nodes))
     order: list[int] = []
     masks, bound, found = [], [], []
     for members in groups.values():
-      valid, nodes, count = compact_lib(jnp.stack([m[1] for m in members]),
-                                        jnp.stack([m[2] for m in members]), l)
-      order += [m[0] for m in members]
+      index, valid, count = compact_index(jnp.stack([m[1] for m in members]), l)
+      for row, (i, _, nodes) in enumerate(members):
+        picked = take_rows(nodes, index[row])  # [L, P_rule]
+        picked = jnp.pad(picked, ((0, 0), (0, p - picked.shape[-1])), constant_values=-1)
+        bound.append(jnp.where(valid[row][:, None], picked, -1)[None])
+        order.append(i)
       masks.append(valid)
-      bound.append(nodes)
       found.append(count)
     skipped = [i for i in range(len(self.compiled)) if i not in order]
     if skipped:  # rules not matched (`only`): no location, nothing traced
