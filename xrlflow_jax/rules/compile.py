@@ -170,7 +170,8 @@ def compact_index(ok: jax.Array, size: int) -> tuple[jax.Array, jax.Array, jax.A
     found int32[G]: the valid candidates before truncation). Row g's index equals
     `jnp.nonzero(ok[g], size=size, fill_value=0)`; the rows are computed together, so a rule
     set compiles one compaction per candidate count C instead of one per rule (a sort would
-    also do, but under a batch of graphs XLA:CPU's sort costs 1.5x the whole matcher).
+    also do, but is slow on XLA:CPU under a batch of graphs: the environment's matcher took
+    103 ms with one vs 66 ms with this, 64 BERT-base graphs, 2026-12-04).
   """
   found = ok.sum(-1).astype(jnp.int32)
   index = jax.vmap(lambda row: jnp.nonzero(row, size=size, fill_value=0)[0])(ok)
@@ -209,10 +210,10 @@ class _RowRecorder(Mapping):
   feature's row shape; under `jax.eval_shape` nothing runs)."""
 
   def __init__(self, specs: Mapping[str, jax.ShapeDtypeStruct]):
-    self.specs, self.keys = specs, set()
+    self.specs, self.read = specs, set()
 
   def __getitem__(self, key: tuple[str, int]) -> jax.Array:
-    self.keys.add(key)
+    self.read.add(key)
     spec = self.specs[key[0]]
     return jnp.zeros(spec.shape, spec.dtype)
 
@@ -220,10 +221,10 @@ class _RowRecorder(Mapping):
     return isinstance(key, tuple) and key[0] in self.specs
 
   def __iter__(self) -> Iterator[tuple[str, int]]:
-    return iter(sorted(self.keys))
+    return iter(sorted(self.read))
 
   def __len__(self) -> int:
-    return len(self.keys)
+    return len(self.read)
 
 
 class CompiledRule:
@@ -377,7 +378,7 @@ class CompiledRule:
       graph_spec = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), graph)
       jax.eval_shape(lambda g, b: self.rule.where(MatchView(self.rule, g, b, rows=recorder)),
                      graph_spec, jax.ShapeDtypeStruct((p,), jnp.int32))
-      self._reads[key] = tuple(sorted(recorder.keys))
+      self._reads[key] = tuple(recorder)
     return self._reads[key]
 
   def bind_all(self, f: Features) -> tuple[jax.Array, jax.Array]:
