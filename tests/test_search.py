@@ -294,6 +294,56 @@ def test_taso_finds_the_optimum_greedy_cannot(toy, ruleset, expander):
   assert t.graphs_expanded <= 8 and t.candidates_costed >= t.graphs_expanded
 
 
+def recurrent_toy(steps: int = 3):
+  """h <- (h @ w0 + h @ w1) + (h @ w2 + h @ w3), `steps` times with the same four weights."""
+  b = GraphBuilder(seed=3)
+  h = b.input([1, 16])
+  ws = [b.weight([16, 16]) for _ in range(4)]
+  for _ in range(steps):
+    mm = [b.matmul(h, w) for w in ws]
+    h = b.tanh(b.add(b.add(mm[0], mm[1]), b.add(mm[2], mm[3])))
+  b.output(h)
+  return b.build(capacity=96)
+
+
+def test_taso_crosses_a_valley_only_a_rule_applied_everywhere_crosses():
+  """Merging one step's four MatMuls saves three kernels but adds a concatenated weight the
+  other steps do not share (distinct folded constants cost `const.mb`): every single merge
+  raises the cost beyond alpha, all of them lower it. The saturated seed finds that graph;
+  without it the search is stuck at the input."""
+  w = np.zeros(len(cost.FEATURE_NAMES), np.float32)
+  w[cost.FEATURE_NAMES.index("matmul.launch")] = 1.0
+  w[cost.FEATURE_NAMES.index("const.mb")] = 1500.0  # four 16 x 16 float32 weights: 6.1
+  coeffs = cost.CostCoefficients(weights=jnp.asarray(w), call_ms=jnp.float32(0.0),
+                                 device_kind="test")
+  rs = RuleSet([r for r in builtin_rules()
+                if r.name in ("merge_matmul_shared_input_4", "add_commute")], max_locations=4)
+  ex = search.Expander(rs, coeffs)
+  graph, params = recurrent_toy()
+  kb = 16 * 16 * 4 / 1e6  # one weight, in megabytes
+  initial, single, merged = 12 + 4 * kb * 1500, 9 + 8 * kb * 1500, 3 + 4 * kb * 1500
+  first = ex.costs(graph)
+  assert float(first.current) == pytest.approx(initial, rel=1e-4)
+  valid = np.asarray(first.valid).reshape(len(rs), -1)[0]
+  assert valid.sum() == 3
+  np.testing.assert_allclose(np.asarray(first.cost).reshape(len(rs), -1)[0][valid], single,
+                             rtol=1e-4)  # each single merge: x1.16, beyond alpha = 1.05
+  stuck = search.taso(graph, params, ex, budget=8, saturate=False)
+  assert stuck.returned_input and stuck.best_cost_ms == pytest.approx(initial, rel=1e-4)
+  res = search.taso(graph, params, ex, budget=8)
+  assert res.options["seeds"] == ["merge_matmul_shared_input_4 x3"]
+  assert [s.rule for s in res.rewrites] == ["merge_matmul_shared_input_4"] * 3
+  assert res.best_cost_ms == pytest.approx(merged, rel=1e-4)
+  assert res.best_cost_ms == pytest.approx(float(ex.costs(res.best_graph).current), rel=1e-5)
+  replayed = search.replay(graph, rs, res.rewrites)
+  assert G.structural_hash(replayed) == G.structural_hash(res.best_graph)
+  G.validate(res.best_graph, params)
+  assert_same_outputs(graph, res.best_graph, params)
+  two, _, steps = ex.saturate(graph, ex.identities(graph), 0, max_steps=2)
+  assert len(steps) == 2  # two steps merged: both read one concatenated weight (one class)
+  assert float(ex.costs(two).current) == pytest.approx(6 + 8 * kb * 1500, rel=1e-4)
+
+
 def test_policy_accepts_a_runner_state_and_raw_params(toy, ruleset, expander):
   graph, params = toy
   node_cost_fn = lambda g: cost.node_costs(g, COEFFS)  # pylint: disable=unnecessary-lambda-assignment

@@ -2,10 +2,11 @@
 
 Matching, for one rule, with no Python loop over nodes:
   1. Candidates. A single-root pattern anchors its root at every slot (N candidates). A pattern
-     with 2 or 3 roots (two matmuls reading one tensor; two slices of one concat) joins them on
-     the element they share: each slot's join key is the node reached from it along the root's
-     path to the shared element, slots are sorted by key, and roots are paired with the next
-     `join_window` slots of equal key (searchsorted on the sorted keys). No N x N mask.
+     with several roots (two matmuls reading one tensor; two slices of one concat) joins them
+     on the element they share: each slot's join key is the node reached from it along the
+     root's path to the shared element, slots are sorted by key, and roots are paired with the
+     next `join_window` slots of equal key (searchsorted on the sorted keys). Symmetric rules
+     of 4 or more roots take runs of consecutive slots of equal key. No N x N mask.
   2. Binding. From the roots, every source op and variable is bound by gathers over the input
      table; a variable reached twice must bind one node. Checks: op codes, arity, alive,
      distinct source nodes, constant variables, internal outputs used only inside the pattern
@@ -278,8 +279,10 @@ class CompiledRule:
       i = jnp.arange(f.anchor_count(self.join[0][0]))
       if len(self.roots) == 2:
         offset_sets = [(a,) for a in range(1, d + 1)]
-      else:
+      elif len(self.roots) == 3:
         offset_sets = [(a, a + b) for a in range(1, d + 1) for b in range(1, d + 1)]
+      else:  # 4 or more: only runs of consecutive equal keys (d^(r-1) windows would explode)
+        offset_sets = [tuple(range(1, len(self.roots)))]
       cands, valid = [], []
       for offsets in offset_sets:
         pos = [i] + [i + o for o in offsets]

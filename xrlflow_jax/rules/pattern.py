@@ -169,7 +169,7 @@ class RuleBuilder:
       assert not rule.src[root.index].keep, f"{self.name}: a kept op is not replaced"
       if by.kind == "src":
         assert rule.src[by.index].keep, f"{self.name}: replacement by a removed op"
-    assert len(rule.roots()) <= 3, f"{self.name}: at most 3 roots"
+    assert len(rule.roots()) <= 3 or rule.symmetric, f"{self.name}: at most 3 unlike roots"
     return rule
 
 

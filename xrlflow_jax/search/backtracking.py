@@ -12,13 +12,13 @@ import numpy as np
 from xrlflow_jax.graph import layout
 from xrlflow_jax.graph.params import ParamStore
 from xrlflow_jax.search import guard
-from xrlflow_jax.search.expand import Children, Expander, check_graph, improves
+from xrlflow_jax.search.expand import Children, Expander, Expansion, check_graph, improves
 from xrlflow_jax.search.result import RewriteStep, SearchError, SearchResult
 
 
 def taso(graph: layout.Graph, params: ParamStore, expander: Expander, *, budget: int = 200,
          alpha: float = 1.05, max_children: int | None = None, max_queue: int = 10_000,
-         measure: bool = False, seed: int = 0,
+         saturate: bool = True, measure: bool = False, seed: int = 0,
          measure_options: dict[str, Any] | None = None) -> SearchResult:
   """Backtracking search over a priority queue ordered by modelled cost.
 
@@ -27,6 +27,14 @@ def taso(graph: layout.Graph, params: ParamStore, expander: Expander, *, budget:
   that raises the cost a little can lead to a better graph later), skipping graphs already seen
   (identity hash, as TASO's: `graph.identity`).
 
+  With `saturate`, the input's expansion also seeds the queue with one graph per "valley"
+  rule: a rule that matches at two or more locations of the input but raises the modelled
+  cost at each, applied at every location in turn (`Expander.saturate`). Some rewrites pay
+  only once made everywhere (merging an RNN cell's gate MatMuls adds a concatenated weight
+  that the other steps do not share until they are merged too: on NasRNN one such merge
+  measures slower than the input and all ten faster), a valley deeper than `alpha` lets a
+  one-step search cross. The seeds cost one match and one edit per application.
+
   Args:
     graph: the input graph (capacity N); params: its weights (guard and validation).
     expander: the compiled Expander.
@@ -34,6 +42,7 @@ def taso(graph: layout.Graph, params: ParamStore, expander: Expander, *, budget:
     alpha: relaxation (TASO used 1.05; 1.0 never accepts a worse graph).
     max_children: push at most this many (the cheapest) candidates per expansion (None: all).
     max_queue: the queue keeps at most this many graphs (the cheapest).
+    saturate: seed the queue with the input's valley rules applied everywhere (above).
     seed: unused (deterministic), kept for a common signature.
     measure, measure_options: the guard (see `guard.finish`).
   """
@@ -58,6 +67,18 @@ def taso(graph: layout.Graph, params: ParamStore, expander: Expander, *, budget:
       (cost0, next(tie), g0, ids0, None, ())]
   seen = {expander.graph_hash(g0, ids0)}
   best_cost, best_entry = cost0, queue[0]
+  seeded = []
+  if saturate:
+    for c, g, ids, steps in _valley_seeds(expander, g0, ids0, first[0]):
+      h = expander.graph_hash(g, ids)
+      if h in seen or not c < alpha * best_cost:
+        continue
+      seen.add(h)
+      seeded.append(f"{steps[0].rule} x{len(steps)}")
+      child = (c, next(tie), g, ids, None, steps)
+      if improves(c, best_cost):
+        best_cost, best_entry = c, child
+      heapq.heappush(queue, child)
   expanded = costed = 0
   while queue and expanded < budget:
     entry = heapq.heappop(queue)
@@ -66,7 +87,7 @@ def taso(graph: layout.Graph, params: ParamStore, expander: Expander, *, budget:
       continue  # pushed before the best improved: outside the window now (TASO drops these)
     if g is None:
       g, ids, steps = _build(expander, ids, i, steps)
-    exp, children = first if expanded == 0 else expander.expand(g, ids)
+    exp, children = first if g is g0 else expander.expand(g, ids)
     valid, costs = np.asarray(exp.valid), np.asarray(exp.cost)
     expanded += 1
     costed += int(valid.sum())
@@ -94,8 +115,28 @@ def taso(graph: layout.Graph, params: ParamStore, expander: Expander, *, budget:
                       best_cost=best_cost, measure=measure, started=started,
                       graphs_expanded=expanded, candidates_costed=costed,
                       options={"budget": budget, "alpha": alpha, "max_children": max_children,
-                               "max_queue": max_queue, "graphs_seen": len(seen)},
+                               "max_queue": max_queue, "graphs_seen": len(seen),
+                               "saturate": saturate, "seeds": seeded},
                       measure_options=measure_options)
+
+
+def _valley_seeds(expander: Expander, g0: layout.Graph, ids0: np.ndarray, exp: Expansion
+                  ) -> list[tuple[float, layout.Graph, np.ndarray, tuple[RewriteStep, ...]]]:
+  """(cost, graph, identities, steps) for each rule that matches `g0` at >= 2 locations and
+  raises its cost at every one (`exp`, g0's expansion), applied at every location in turn
+  (at most as many times as it matched)."""
+  current = float(exp.current)
+  valid = np.asarray(exp.valid).reshape(expander.num_rules, expander.max_locations)
+  costs = np.asarray(exp.cost).reshape(valid.shape)
+  seeds = []
+  for r in range(expander.num_rules):
+    count = int(valid[r].sum())
+    if count < 2 or not improves(current, float(costs[r][valid[r]].min())):
+      continue
+    g, ids, steps = expander.saturate(g0, ids0, r, max_steps=count)
+    if len(steps) >= 2:
+      seeds.append((expander.cost(g), g, ids, steps))
+  return seeds
 
 
 def _build(expander: Expander, children: Children, i: int, steps: tuple[RewriteStep, ...]

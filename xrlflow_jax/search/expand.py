@@ -469,6 +469,27 @@ class Expander:
     m = self._call(self._match, graph, self._kernel_table())[0]  # its costs are unused here
     return np.array(m.mask), np.array(m.nodes)
 
+  def saturate(self, graph: layout.Graph, ids: Any, rule: int, max_steps: int
+               ) -> tuple[layout.Graph, np.ndarray, tuple[RewriteStep, ...]]:
+    """Applies rule index `rule` again and again, each time at the first location the matcher
+    finds on the current graph (matched afresh: an earlier application can move or remove
+    later locations), until none applies or after `max_steps` applications.
+
+    Returns (host graph, its node identities uint32[N, 2], the steps taken, replayable).
+    """
+    g, ids, steps = layout.to_host(graph), np.asarray(ids), []
+    while len(steps) < max_steps:
+      mask, nodes = self.match(g)
+      for loc in np.flatnonzero(mask[rule]).tolist():
+        new, ok, new_ids = self._call(self._apply_at, g, ids, np.int32(rule), nodes[rule, loc])
+        if bool(ok):
+          steps.append(self.step(rule, loc, nodes[rule, loc]))
+          g, ids = layout.to_host(new), np.asarray(new_ids)
+          break
+      else:
+        break
+    return g, ids, tuple(steps)
+
   def step(self, rule: int, location: int, nodes: Any) -> RewriteStep:
     """The RewriteStep record of rule index `rule` at `location` with bound `nodes`."""
     return RewriteStep(self._names[rule], int(rule), int(location),

@@ -20,28 +20,41 @@ def last_axis(ref: Ref):
   return lambda m: m.rank(ref) - 1
 
 
+# A merged weight is concatenated in groups of at most this many (within every graph's
+# `layout.DEFAULT_MAX_INPUTS` input slots), then the groups are concatenated.
+_CONCAT_GROUP = 4
+
+
 def merge_matmul_shared_input(ways: int) -> Rule:
-  """x @ w1, x @ w2 (, x @ w3) -> slices of x @ concat(w1, w2 (, w3)); weights constant."""
+  """x @ w1, ..., x @ wk -> slices of x @ concat(w1, ..., wk); weights constant.
+
+  k = 2 or 3 pairs the matmuls within the join window; k >= 4 merges runs of k consecutive
+  matmuls reading x (all of an RNN cell's gates at once: merging them two at a time can cost
+  more than it saves until most are merged, a valley a greedy search does not cross).
+  """
+  assert 2 <= ways <= _CONCAT_GROUP ** 2, ways
   r = RuleBuilder(f"merge_matmul_shared_input_{ways}", "merge_matmul", symmetric=True,
                   example=_ex_merge_mm(ways),
                   inverse="split_matmul_shared_input_2" if ways == 2 else None,
                   description="matmuls reading one tensor become one matmul on concatenated "
-                              "weights (attention's Q/K/V)")
+                              "weights (attention's Q/K/V, an RNN cell's gates)")
   x = r.var("x")
   ws = [r.var(f"w{i}", const=True) for i in range(ways)]
   mms = [r.src(Op.MATMUL, x, w) for w in ws]
   for w, mm in zip(ws[1:], mms[1:]):
     r.where(lambda m, w=w, mm=mm: equal_except(m, ws[0], w, R - 1)
             & (m.attr(mm, "activation") == m.attr(mms[0], "activation")))
-  c = r.dst(Op.CONCAT, *ws, axis=last_axis(ws[0]))
+  axis = last_axis(ws[0])
+  if ways <= _CONCAT_GROUP:
+    c = r.dst(Op.CONCAT, *ws, axis=axis)
+  else:
+    groups = [ws[i:i + _CONCAT_GROUP] for i in range(0, ways, _CONCAT_GROUP)]
+    c = r.dst(Op.CONCAT, *[r.dst(Op.CONCAT, *g, axis=axis) for g in groups], axis=axis)
   big = r.dst(Op.MATMUL, x, c, activation=lambda m: m.attr(mms[0], "activation"))
-  start = 0
-  for i, (w, mm) in enumerate(zip(ws, mms)):
+  for i, mm in enumerate(mms):
     lo = (lambda m, i=i: sum(m.dim(ws[j], -1) for j in range(i)) + jnp.int32(0))
     hi = (lambda m, i=i: sum(m.dim(ws[j], -1) for j in range(i + 1)))
-    s = r.dst(Op.SLICE, big, axis=last_axis(mms[0]), start=lo, end=hi)
-    r.replace(mm, s)
-  del start
+    r.replace(mm, r.dst(Op.SLICE, big, axis=last_axis(mms[0]), start=lo, end=hi))
   return r.build()
 
 
@@ -246,7 +259,8 @@ def split_group_conv(bias: bool) -> Rule:
 
 def rules() -> list[Rule]:
   """Every merge-family rule."""
-  out = [merge_matmul_shared_input(2), merge_matmul_shared_input(3), split_matmul_shared_input(),
+  out = [merge_matmul_shared_input(k) for k in (2, 3, 4, 8)]
+  out += [split_matmul_shared_input(),
          merge_matmul_shared_weight(), split_matmul_shared_weight()]
   for bias in (False, True):
     out += [merge_conv_shared_input(bias), split_conv_shared_input(bias),
