@@ -7,7 +7,7 @@ Final API (stable; the optimise job in `xrlflow_jax/optimize/` and the experimen
       method in METHODS = ("greedy", "taso", "beam", "random", "policy"); ruleset None: the
       built-in rules that can fire on the graph (64 locations, `default_ruleset(graph)`); coeffs None: `cost.load_coefficients()`. Options per method:
         greedy:  max_steps=100
-        taso:    budget=200, alpha=1.05, max_children=None, max_queue=10_000
+        taso:    budget=200, alpha=1.05, max_children=None, max_queue=10_000, saturate=True
         beam:    beam_width=8, steps=20
         random:  num_rollouts=16, steps=20
         policy:  agent, network_params (params or a RunnerState), env=None, steps=None,

@@ -67,7 +67,7 @@ def taso(graph: layout.Graph, params: ParamStore, expander: Expander, *, budget:
       (cost0, next(tie), g0, ids0, None, ())]
   seen = {expander.graph_hash(g0, ids0)}
   best_cost, best_entry = cost0, queue[0]
-  seeded = []
+  seeded, seed_started = [], time.perf_counter()
   if saturate:
     for c, g, ids, steps in _valley_seeds(expander, g0, ids0, first[0]):
       h = expander.graph_hash(g, ids)
@@ -79,6 +79,7 @@ def taso(graph: layout.Graph, params: ParamStore, expander: Expander, *, budget:
       if improves(c, best_cost):
         best_cost, best_entry = c, child
       heapq.heappush(queue, child)
+  seed_seconds = time.perf_counter() - seed_started
   expanded = costed = 0
   while queue and expanded < budget:
     entry = heapq.heappop(queue)
@@ -116,7 +117,8 @@ def taso(graph: layout.Graph, params: ParamStore, expander: Expander, *, budget:
                       graphs_expanded=expanded, candidates_costed=costed,
                       options={"budget": budget, "alpha": alpha, "max_children": max_children,
                                "max_queue": max_queue, "graphs_seen": len(seen),
-                               "saturate": saturate, "seeds": seeded},
+                               "saturate": saturate, "seeds": seeded,
+                               "seed_seconds": round(seed_seconds, 3)},
                       measure_options=measure_options)
 
 
