@@ -58,8 +58,9 @@ MAX_CHANGED = 32
 # (MatMuls/Conv2Ds whose first input resolves to it) the parent's reverse tables keep.
 MAX_READERS = 16
 # Slots whose own fields or input chains changed (the dirty ones and their readers), and rows
-# whose features are evaluated again, per candidate. The 8-way MatMul merge reaches up to 36
-# (8 removed MatMuls, 12 new nodes, the removed ones' readers).
+# whose features are evaluated again, per candidate. The 8-way MatMul merge (8 removed
+# MatMuls, 12 new nodes, the removed ones' readers) needs 35-36 on tiny NasRNN: at 34 four of
+# its candidates fell back to the full model (2026-12-04).
 MAX_REACHED = 40
 MAX_ROWS = 64
 # Below this capacity the full (pruned) model is cheaper than the bookkeeping: measured on one
