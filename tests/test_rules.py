@@ -16,20 +16,22 @@ from xrlflow_jax.cost import incremental
 from xrlflow_jax.ops import Op
 from xrlflow_jax import graph as G
 from xrlflow_jax.rules import RuleSet
-from xrlflow_jax.rules.library import builtin_rules
+from xrlflow_jax.rules.library import OPT_IN_FAMILIES, builtin_rules
 from xrlflow_jax.rules.verify import verify_rule
 
 from tests.conftest import SHARED
 
 RULES = builtin_rules()
-BY_NAME = {r.name: r for r in RULES}
-HARNESS = RuleSet(RULES, max_locations=16)  # one compilation verifies every rule
+OPT_IN = builtin_rules(list(OPT_IN_FAMILIES))  # verified like the default rules
+BY_NAME = {r.name: r for r in RULES + OPT_IN}
+HARNESS = RuleSet(RULES + OPT_IN, max_locations=16)  # one compilation verifies every rule
 
 
 def test_library_size_and_inverses():
   assert len(RULES) >= 40
-  assert len(BY_NAME) == len(RULES)
-  for r in RULES:
+  assert len(BY_NAME) == len(RULES) + len(OPT_IN)
+  assert OPT_IN and not {r.family for r in RULES} & set(OPT_IN_FAMILIES)  # left out by default
+  for r in RULES + OPT_IN:
     if r.inverse is not None:
       assert r.inverse in BY_NAME, f"{r.name}: inverse {r.inverse} missing"
       back = BY_NAME[r.inverse]
@@ -101,6 +103,30 @@ def test_merge_matmul_shared_weight_rejects_dependency_path():
     w = b.weight((6, 6))
     return [b.matmul(b.input((2, 6)), w), b.matmul(b.input((3, 6)), w)]
   assert _count("merge_matmul_shared_weight", _build(ok)) == 1
+
+
+def test_dedupe_requires_the_same_inputs_in_order_and_equal_attributes():
+  def concats(order, axis):
+    def fn(b):
+      x, y = b.input((2, 3)), b.input((2, 3))
+      return [b.neg(b.concat([x, y], axis=1)), b.relu(b.concat(order(x, y), axis=axis))]
+    return fn
+  assert _count("dedupe_concat_2", _build(concats(lambda x, y: [x, y], 1))) == 1
+  assert _count("dedupe_concat_2", _build(concats(lambda x, y: [y, x], 1))) == 0  # order
+  assert _count("dedupe_concat_2", _build(concats(lambda x, y: [x, y], 0))) == 0  # axis
+  assert _count("dedupe_concat_2", _build(concats(lambda x, y: [x, x], 1))) == 0  # inputs
+  def transposes(perm):
+    def fn(b):
+      x = b.input((2, 3, 4))
+      return [b.neg(b.transpose(x, [0, 2, 1])), b.relu(b.transpose(x, perm))]
+    return fn
+  assert _count("dedupe_transpose_1", _build(transposes([0, 2, 1]))) == 1
+  assert _count("dedupe_transpose_1", _build(transposes([1, 0, 2]))) == 0
+  # Three equal copies: each pair once (the rule is symmetric), three pairs.
+  def three(b):
+    x, y = b.input((2, 3)), b.input((2, 3))
+    return [b.neg(b.concat([x, y], axis=1)) for _ in range(3)]
+  assert _count("dedupe_concat_2", _build(three)) == 3
 
 
 def test_fusion_rejects_internal_output_used_outside_or_graph_output():

@@ -19,6 +19,7 @@ from xrlflow_jax.env import GraphRewriteEnv
 from xrlflow_jax.harness import search_benchmark as bench
 from xrlflow_jax.rules import RuleSet
 from xrlflow_jax.rules.library import builtin_rules
+from xrlflow_jax.ops import Op
 from xrlflow_jax.search.policy import _policy_net
 
 # A synthetic cost model (1.0 per MatMul kernel, 1.5 per loop-fusion kernel) on
@@ -294,16 +295,18 @@ def test_taso_finds_the_optimum_greedy_cannot(toy, ruleset, expander):
   assert t.graphs_expanded <= 8 and t.candidates_costed >= t.graphs_expanded
 
 
-def recurrent_toy(steps: int = 3):
-  """h <- (h @ w0 + h @ w1) + (h @ w2 + h @ w3), `steps` times with the same four weights."""
+def recurrent_toy(steps: int = 3, ways: int = 4):
+  """h <- h @ w0 + ... + h @ w{ways-1} (a tree of Adds), `steps` times with the same weights."""
   b = GraphBuilder(seed=3)
   h = b.input([1, 16])
-  ws = [b.weight([16, 16]) for _ in range(4)]
+  ws = [b.weight([16, 16]) for _ in range(ways)]
   for _ in range(steps):
-    mm = [b.matmul(h, w) for w in ws]
-    h = b.tanh(b.add(b.add(mm[0], mm[1]), b.add(mm[2], mm[3])))
+    terms = [b.matmul(h, w) for w in ws]
+    while len(terms) > 1:
+      terms = [b.add(terms[i], terms[i + 1]) for i in range(0, len(terms), 2)]
+    h = b.tanh(terms[0])
   b.output(h)
-  return b.build(capacity=96)
+  return b.build(capacity=96 if ways == 4 else 160)
 
 
 def test_taso_crosses_a_valley_only_a_rule_applied_everywhere_crosses():
@@ -610,3 +613,36 @@ def test_queue_trim_keeps_what_heapq_nsmallest_keeps():
     assert kept == heapq.nsmallest(k, queue)
     expected = sorted(kept)
     assert [heapq.heappop(kept) for _ in range(k)] == expected
+
+
+def test_taso_seed_is_cleaned_of_the_concats_every_step_repeats():
+  """After the 8-way gate merge at every step, each step concatenates the same eight weights
+  (two Concats of four, then one of two): the seed makes them one Concat tree, inner ones
+  first (to a fixed point), so every step's merged MatMul reads one weight node."""
+  w = np.zeros(len(cost.FEATURE_NAMES), np.float32)
+  w[cost.FEATURE_NAMES.index("matmul.launch")] = 1.0
+  w[cost.FEATURE_NAMES.index("const.mb")] = 1500.0
+  coeffs = cost.CostCoefficients(weights=jnp.asarray(w), call_ms=jnp.float32(0.0),
+                                 device_kind="test")
+  names = ("merge_matmul_shared_input_8", "dedupe_concat_2", "dedupe_concat_4")
+  rs = RuleSet([r for r in builtin_rules(["merge_matmul", "dedupe"]) if r.name in names],
+               max_locations=4)
+  ex = search.Expander(rs, coeffs)
+  graph, params = recurrent_toy(ways=8)
+  res = search.taso(graph, params, ex, budget=4)
+  assert res.options["seeds"] == [
+      "merge_matmul_shared_input_8 x3, dedupe_concat_4 x4, dedupe_concat_2 x2"]
+  best = G.to_host(res.best_graph)
+  alive = np.asarray(best.nodes["alive"])
+  op = np.asarray(best.nodes["op"])
+  table = np.asarray(G.input_table(best))
+  assert (alive & (op == int(Op.CONCAT))).sum() == 3  # one tree of two groups of four
+  weights = {int(table[i, 1]) for i in np.flatnonzero(alive & (op == int(Op.MATMUL)))}
+  assert len(weights) == 1 and op[weights.pop()] == int(Op.CONCAT)
+  kb = 16 * 16 * 4 / 1e6
+  # 3 launches; the eight weights are folded into one concatenated constant
+  assert res.best_cost_ms == pytest.approx(3 + 8 * kb * 1500, rel=1e-4)
+  replayed = search.replay(graph, rs, res.rewrites)
+  assert G.structural_hash(replayed) == G.structural_hash(res.best_graph)
+  G.validate(res.best_graph, params)
+  assert_same_outputs(graph, res.best_graph, params)

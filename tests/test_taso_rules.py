@@ -372,6 +372,16 @@ def test_rule_sets_by_name(monkeypatch):
       workflow.select_rules(bad)
 
 
+def test_opt_in_family_is_selected_only_by_name():
+  builtin = [r.name for r in workflow.select_rules(["builtin"])]
+  assert not any(n.startswith("dedupe_") for n in builtin)
+  both = [r.name for r in workflow.select_rules(["builtin+family:dedupe"])]
+  assert both[:len(builtin)] == builtin
+  assert both[len(builtin):] == ["dedupe_concat_2", "dedupe_concat_3", "dedupe_concat_4",
+                                 "dedupe_transpose_1"]
+  assert [r.name for r in workflow.select_rules(["dedupe_transpose_1"])] == ["dedupe_transpose_1"]
+
+
 @needs_file
 def test_corrupt_rule_file_is_a_selection_error(tmp_path):
   bad = tmp_path / "graph_subst.pb"

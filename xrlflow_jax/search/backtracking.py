@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import heapq
 import itertools
 import time
@@ -33,7 +34,10 @@ def taso(graph: layout.Graph, params: ParamStore, expander: Expander, *, budget:
   only once made everywhere (merging an RNN cell's gate MatMuls adds a concatenated weight
   that the other steps do not share until they are merged too: on NasRNN one such merge
   measures slower than the input and all ten faster), a valley deeper than `alpha` lets a
-  one-step search cross. The seeds cost one match and one edit per application.
+  one-step search cross. Each seed is then cleaned of the equal sub-expressions the rule
+  made at every location (the rule set's `dedupe` rules applied everywhere: every step's
+  merge concatenates the same weights, and only one shared Concat lets the merged MatMuls be
+  batched across steps). The seeds cost one match and one edit per application.
 
   Args:
     graph: the input graph (capacity N); params: its weights (guard and validation).
@@ -74,7 +78,8 @@ def taso(graph: layout.Graph, params: ParamStore, expander: Expander, *, budget:
       if h in seen or not c < alpha * best_cost:
         continue
       seen.add(h)
-      seeded.append(f"{steps[0].rule} x{len(steps)}")
+      made = collections.Counter(step.rule for step in steps)
+      seeded.append(", ".join(f"{rule} x{k}" for rule, k in made.items()))
       child = (c, next(tie), g, ids, None, steps)
       if improves(c, best_cost):
         best_cost, best_entry = c, child
@@ -130,14 +135,22 @@ def _valley_seeds(expander: Expander, g0: layout.Graph, ids0: np.ndarray, exp: E
   current = float(exp.current)
   valid = np.asarray(exp.valid).reshape(expander.num_rules, expander.max_locations)
   costs = np.asarray(exp.cost).reshape(valid.shape)
+  cleanup = [i for i, rule in enumerate(expander.ruleset.rules) if rule.family == "dedupe"]
   seeds = []
   for r in range(expander.num_rules):
     count = int(valid[r].sum())
     if count < 2 or not improves(current, float(costs[r][valid[r]].min())):
       continue
     g, ids, steps = expander.saturate(g0, ids0, r, max_steps=count)
-    if len(steps) >= 2:
-      seeds.append((expander.cost(g), g, ids, steps))
+    if len(steps) < 2:
+      continue
+    more = True
+    while more:  # sub-expressions the rule built equal at every location, made one (to a
+      more = False  # fixed point: two Concats become equal once their inputs are made one)
+      for d in cleanup:
+        g, ids, done = expander.saturate(g, ids, d, max_steps=layout.capacity(g))
+        steps, more = steps + done, more or bool(done)
+    seeds.append((expander.cost(g), g, ids, steps))
   return seeds
 
 

@@ -9,7 +9,8 @@ string, e.g. "builtin+taso:../shared/taso/graph_subst.pb"):
   "layout"            the layout rules (NCHW to NHWC and the transposes carried through the
                       graph) with the transpose rules that cancel them (part of "builtin")
   "family:<name>"     the built-in rules of one family (merge_conv, merge_matmul, group_conv,
-                      transpose, ...: `Rule.family`)
+                      transpose, ...: `Rule.family`), or of an opt-in family that "builtin"
+                      leaves out (`rules.library.OPT_IN_FAMILIES`: "dedupe")
   "taso:<path>"       TASO's rule collection, translated from that `graph_subst.pb`
   "taso"              the same from the file named by $XRLFLOW_TASO_RULES
   "<rule name>"       one built-in rule, or one TASO rule ("taso_<index>") when a TASO file is
@@ -29,7 +30,7 @@ from typing import Sequence
 from xrlflow_jax.errors import UsageError
 from xrlflow_jax.rules import RuleSet
 from xrlflow_jax.rules import taso
-from xrlflow_jax.rules.library import builtin_rules
+from xrlflow_jax.rules.library import OPT_IN_FAMILIES, builtin_rules
 from xrlflow_jax.rules.pattern import Rule
 
 TASO_ENV = "XRLFLOW_TASO_RULES"
@@ -88,7 +89,8 @@ def select_rules(names: Sequence[str], *, taso_file_path: str | os.PathLike | No
   """
   entries = _entries(names)
   builtin = builtin_rules()
-  by_name = {r.name: r for r in builtin}
+  by_name = {r.name: r for r in builtin_rules(sorted({r.family for r in builtin}
+                                                     | set(OPT_IN_FAMILIES)))}
   path = taso_file(entries, taso_file_path)
   out: list[Rule] = []
   seen: set[str] = set()
