@@ -57,6 +57,9 @@ _MIN_ROUND = flags.DEFINE_float("min_round_ms", 30.0, "More runs per round for a
 _PICTURE = flags.DEFINE_bool("picture", True, "Draw graph.png.")
 _KEEP_SLOWER = flags.DEFINE_bool("keep_slower", False, "Keep the optimised graph even when XLA "
                                  "measures it no faster than the input (default: keep the input).")
+_CHECKPOINTS = flags.DEFINE_integer("checkpoints", 2, "Prefixes of the search's rewrites (where "
+                                    "the rule family changes, the last ones) timed beside its "
+                                    "graph; the fastest significantly faster one is returned.")
 _CACHE = flags.DEFINE_string("compilation_cache", "", "JAX's persistent compilation cache "
                              "directory (default: $XRLFLOW_COMPILATION_CACHE, else "
                              "~/.cache/xrlflow_jax/xla); 'off' to compile afresh.")
@@ -103,7 +106,8 @@ def main(argv: Sequence[str]) -> None:
         min_round_ms=_MIN_ROUND.value, picture=_PICTURE.value,
         keep_slower=_KEEP_SLOWER.value, compilation_cache_dir=_CACHE.value or None,
         cost_coefficients=_COEFFS.value or None, precision=_PRECISION.value,
-        kernel_table=_KERNELS.value, against=_AGAINST.value or None)
+        kernel_table=_KERNELS.value, against=_AGAINST.value or None,
+        checkpoints=_CHECKPOINTS.value)
   except UsageError as e:  # bad input: one line, no usage text, no traceback
     raise SystemExit(f"error: {e}") from None
   except XrlflowError as e:

@@ -423,3 +423,77 @@ def test_against_is_refused_clearly(zoo_report, tmp_path, shared_dir):
                      r"\[1, 3, 224, 224\] float32 against \[1, 3, 64, 64\] float32"):
     opt.optimize_model(str(source), method="greedy", budget=1, rules=RULES, write=False,
                        kernel_table=False, against=str(other), **FAST)
+
+
+def test_checkpoint_lengths_are_the_last_family_changes():
+  fams = ["merge", "merge", "dedupe", "dedupe", "merge", "layout"]
+  assert opt.methods.checkpoint_lengths(fams, 2) == [4, 5]
+  assert opt.methods.checkpoint_lengths(fams, 5) == [2, 4, 5]
+  assert opt.methods.checkpoint_lengths(fams, 0) == []
+  assert opt.methods.checkpoint_lengths(["merge"] * 3, 2) == []
+
+
+# Tiny NasRNN: the gate merges (4), the dedupes of the Concats they repeat (3), then one row
+# merge of the two steps' input MatMuls; both family changes are modelled gains.
+CHECKPOINT_RULES = ["merge_matmul_shared_input_8", "dedupe_concat_2", "dedupe_concat_4",
+                    "merge_matmul_shared_weight"]
+
+
+def test_guard_returns_a_checkpoint_measured_faster_than_the_whole_path(tmp_path, monkeypatch):
+  """The prefixes where the rule family changes are timed beside the found graph (verdicts at
+  the corrected level); the fastest significantly faster one is returned, replayably."""
+  calls = []
+
+  def fake_compare(reference, candidates, params, **kw):
+    calls.append((len(candidates), kw["level"]))
+    before = _stats(1.0)
+    verdicts = [_verdict("no change")] + [  # the whole path; then its checkpoints
+        measure.Speedup(r, r - 0.05, r + 0.05, 1.0, 0.95, 1.05, "faster", kw["level"], 5)
+        for r in (1.2, 1.3)[:len(candidates) - 1]]
+    numerics = [measure.check_numerics(reference, g, params, tolerance=kw["tolerance"])
+                for g in candidates]
+    return measure.Comparison(before, before, [_stats(1 / v.ratio) for v in verdicts],
+                              verdicts, numerics)
+
+  monkeypatch.setattr(opt.pipeline, "compare", fake_compare)
+  out = tmp_path / "out"
+  report = opt.optimize_model("nasrnn", method="taso", size="tiny", budget=20,
+                              rules=CHECKPOINT_RULES, output_dir=out, kernel_table=False,
+                              picture=False, **FAST)
+  assert calls == [(3, pytest.approx(1 - 0.05 / 3))]
+  cps = report.details["checkpoints"]
+  assert [c["rewrites"] for c in cps] == [4, 7]
+  assert report.details["checkpoint"]["rewrites"] == 7 and len(report.rewrites) == 7
+  assert report.details["checkpoint"]["of"] > 7
+  assert report.measured.ratio == pytest.approx(1.3) and report.numerics.passed
+  assert report.cost_after_ms == pytest.approx(cps[1]["cost_ms"])
+  assert _replay_hash(out, "nasrnn", CHECKPOINT_RULES, size="tiny") == report.hash_after
+  assert "the first 7 of" in report.table()
+  no_cp = opt.optimize_model("nasrnn", method="taso", size="tiny", budget=20,
+                             rules=CHECKPOINT_RULES, write=False, kernel_table=False,
+                             checkpoints=0, **FAST)
+  assert calls[-1] == (1, pytest.approx(0.95)) and no_cp.details.get("returned_input")
+  with pytest.raises(errors.UsageError, match="checkpoints must be >= 0"):
+    opt.optimize_model("nasrnn", size="tiny", checkpoints=-1, write=False)
+
+
+def test_measured_guard_prefers_the_whole_path_when_it_measures_at_least_as_fast(zoo_report):
+  report, _ = zoo_report
+  loaded = opt.Loaded("squeezenet1_1", "zoo", report.input_graph, report.params)
+  cp = opt.methods.Checkpoint(1, report.input_graph, report.cost_before_ms)
+  found = opt.Found(report.graph, report.cost_after_ms, report.cost_before_ms,
+                    list(report.rewrites), "taso", {}, [cp])
+  before = _stats(1.0)
+
+  def comparison(whole: str, prefix: str) -> measure.Comparison:
+    return measure.Comparison(before, before, [_stats(0.8), _stats(0.9)],
+                              [_verdict(whole), _verdict(prefix)])
+
+  kept, _, verdict = opt.measured_guard(loaded, found, comparison("faster", "faster"), [1])
+  assert kept.graph is report.graph and verdict.faster  # equal ratios: the whole path
+  assert kept.details["checkpoints"][0]["rewrites"] == 1 and "checkpoint" not in kept.details
+  kept, _, _ = opt.measured_guard(loaded, found, comparison("no change", "no change"), [1])
+  assert kept.graph is report.input_graph and "measured_guard" in kept.details
+  kept, _, _ = opt.measured_guard(loaded, found, comparison("slower", "faster"), [1])
+  assert kept.rewrites == list(report.rewrites)[:1] and kept.details["checkpoint"]["of"] == len(
+      report.rewrites)

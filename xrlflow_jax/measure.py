@@ -313,7 +313,8 @@ def compare(reference: layout.Graph, candidates: Sequence[layout.Graph], params:
             min_round_ms: float = 30.0, backend: str | None = None, seed: int = 0,
             tolerance: float | None = None, time_unchanged: bool = False,
             precision: str | None = None,
-            candidate_params: Sequence[ParamStore | None] | None = None) -> Comparison:
+            candidate_params: Sequence[ParamStore | None] | None = None,
+            level: float = LEVEL) -> Comparison:
   """Times `candidates` against `reference` side by side, with an identical copy as control.
 
   Each graph runs `repeats_per_round` times per round, or more for a fast reference so that a
@@ -325,6 +326,9 @@ def compare(reference: layout.Graph, candidates: Sequence[layout.Graph], params:
   `time_unchanged=True` (A/A experiments) compiles and times unchanged candidates like any
   other, so their verdicts measure the false-positive rate. Every executable is compiled under
   one numerics policy, `precision` (`ops.precision`; default "highest").
+
+  Verdicts use intervals at `level` (a caller choosing the best of k candidates keeps its
+  false-positive rate with 1 - (1 - LEVEL) / k).
 
   `candidate_params[i]`, when not None, is candidate i's own weights (a graph loaded apart, e.g.
   another optimiser's output for the same model): it is always compiled and timed, and must
@@ -376,7 +380,7 @@ def compare(reference: layout.Graph, candidates: Sequence[layout.Graph], params:
                                    warmup=warmup, seed=seed)
   stats = [latency.stats_of(t, c) for t, c in zip(times, compiled)]
   medians = [np.array([np.median(r) for r in t]) for t in times]
-  verdicts = {j: speedup(medians[0], medians[j], medians[1], seed=seed)
+  verdicts = {j: speedup(medians[0], medians[j], medians[1], seed=seed, level=level)
               for j in range(2, len(compiled))}
   used = [slot[h] for h in hashes]
   cand_stats = [stats[j] for j in used]

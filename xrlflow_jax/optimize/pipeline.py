@@ -3,6 +3,7 @@ write (the stages are described in `xrlflow_jax.optimize`)."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import os
@@ -14,7 +15,8 @@ from xrlflow_jax import compilation_cache, cost, executor
 from xrlflow_jax import graph as G
 from xrlflow_jax.cost import calibrate
 from xrlflow_jax.cost import kernel_table as kernel_table_lib
-from xrlflow_jax.measure import Comparison, NumericsError, Speedup, check_numerics, compare
+from xrlflow_jax.measure import (LEVEL, Comparison, NumericsError, Speedup, check_numerics,
+                                 compare)
 from xrlflow_jax.ops import precision as precision_lib
 from xrlflow_jax.optimize import checks, methods
 from xrlflow_jax.optimize.checks import OptimizeError
@@ -39,18 +41,44 @@ def _coefficients(path: str) -> cost.CostCoefficients:
   return calibrate.coefficients(path or None)
 
 
-def measured_guard(loaded: Loaded, found: Found, comparison: Comparison
+def measured_guard(loaded: Loaded, found: Found, comparison: Comparison,
+                   checkpoint_slots: Sequence[int] = ()
                    ) -> tuple[Found, cost.LatencyStats, Speedup]:
-  """Keeps the search's graph only if XLA measured it significantly faster than the input.
+  """Keeps the search's graph only if XLA measured it significantly faster than the input;
+  with checkpoints (prefixes of its rewrites, `Found.checkpoints`, timed in the same rounds),
+  returns whichever of them and the found graph measured fastest among those significantly
+  faster (the found graph on a tie).
 
   Args:
-    comparison: `measure.compare(loaded.graph, [found.graph], ...)`.
+    comparison: `measure.compare(loaded.graph, [found.graph, ...], ...)`.
+    checkpoint_slots: the comparison's candidate index of each of `found.checkpoints`.
   Returns:
     (found, its latency, its Speedup) when the verdict is "faster" or the graph is unchanged;
+    a checkpoint's graph as a Found (its prefix of the rewrites, its modelled cost, what was
+    measured in `details["checkpoints"]`) when it measured faster than the found graph;
     otherwise the input itself (no rewrites, modelled cost of the input) with the input's
     latency and an "unchanged" Speedup, and what was rejected in `details["measured_guard"]`.
   """
   after, verdict = comparison.candidates[0], comparison.speedups[0]
+  slots = list(checkpoint_slots)[:len(found.checkpoints)]
+  if slots:
+    details = dict(found.details)
+    details["checkpoints"] = [
+        {"rewrites": cp.rewrites, "cost_ms": cp.cost_ms,
+         "latency_median_ms": comparison.candidates[j].median_ms,
+         "speedup": comparison.speedups[j].describe()}
+        for cp, j in zip(found.checkpoints, slots)]
+    found = dataclasses.replace(found, details=details)
+    best = max(((comparison.speedups[j].ratio, j, cp) for cp, j in zip(found.checkpoints, slots)
+                if comparison.speedups[j].faster), key=lambda t: t[0], default=None)
+    if best is not None and not (verdict.faster and verdict.ratio >= best[0]):
+      _, j, cp = best
+      details = dict(found.details)
+      details["checkpoint"] = {"rewrites": cp.rewrites, "of": len(found.rewrites or ()),
+                               "rejected_speedup": verdict.describe()}
+      kept = Found(cp.graph, cp.cost_ms, found.initial_cost_ms,
+                   list(found.rewrites or ())[:cp.rewrites], found.found_by, details)
+      return kept, comparison.candidates[j], comparison.speedups[j]
   if verdict.keeps:
     return found, after, verdict
   details = dict(found.details)
@@ -93,6 +121,7 @@ def optimize_model(source: str = DEFAULT_MODEL, *, method: str = "ppo", size: st
                    cost_coefficients: str | None = None, write: bool = True,
                    keep_slower: bool = False, compilation_cache_dir: str | None = None,
                    kernel_table: bool = True, against: str | None = None,
+                   checkpoints: int = methods.DEFAULT_CHECKPOINTS,
                    log: Callable[[str], None] = print) -> OptimizeReport:
   """Optimises a model and writes the result with its evidence (see the module docstring).
 
@@ -119,6 +148,11 @@ def optimize_model(source: str = DEFAULT_MODEL, *, method: str = "ppo", size: st
     write: write the output files (False: only return the report).
     keep_slower: keep the optimised graph even when XLA measured it no faster than the input
       (default: the input is returned instead, see `measured_guard`).
+    checkpoints: prefixes of the search's rewrites timed beside its graph (where the rule
+      family changes, the last ones: `methods.checkpoint_lengths`); the guard returns the
+      fastest of them and the whole path among those measured significantly faster, every
+      verdict at the level 1 - 0.05 / (1 + checkpoints) (0: the whole path alone). Not for
+      "ppo".
     compilation_cache_dir: JAX's persistent compilation cache (None: `$XRLFLOW_COMPILATION_CACHE`
       or the per-user default; "off": none), see `compilation_cache.enable`.
     kernel_table: the searches cost MatMuls and convolutions by their measured time on this
@@ -137,6 +171,9 @@ def optimize_model(source: str = DEFAULT_MODEL, *, method: str = "ppo", size: st
       budget=budget, capacity=capacity, latency_rounds=latency_rounds,
       repeats_per_round=repeats_per_round, min_round_ms=min_round_ms, tolerance=tolerance,
       precision=precision, write=write, against=against, measure=measure)
+  if checkpoints < 0:
+    raise OptimizeError(f"checkpoints must be >= 0 (prefixes timed beside the found graph), "
+                        f"got {checkpoints}")
   policy = precision_lib.check(precision)
   tolerance = precision_lib.tolerance(policy) if tolerance is None else tolerance
   cache_dir = compilation_cache.enable(compilation_cache_dir)
@@ -177,7 +214,7 @@ def optimize_model(source: str = DEFAULT_MODEL, *, method: str = "ppo", size: st
       opts.setdefault(BUDGET_OPTION[method], int(budget))
     kernels = kernel_table_lib.shared() if kernel_table else None
     found = methods.run_search(loaded, method, coeffs, seed=seed, rules=rules, options=opts,
-                               kernels=kernels)
+                               kernels=kernels, checkpoints=checkpoints if measure else 0)
     if kernels is not None:
       found.details["cost_model"] = (
           f"measured kernel table ({len(kernels)} kernels known, "
@@ -199,13 +236,23 @@ def optimize_model(source: str = DEFAULT_MODEL, *, method: str = "ppo", size: st
   best = found.graph
   G.validate(best, loaded.params)
   lat_before = lat_after = verdict = None
+  checkpoints = found.checkpoints if measure and not keep_slower else []
+  for c in checkpoints:
+    G.validate(c.graph, loaded.params)
   if measure:  # one set of compiles: the timed executables' outputs are the numerics check
-    comparison = compare(loaded.graph, [best] + ([other.graph] if other else []),
+    theirs = [other.graph] if other else []
+    slots = [1 + len(theirs) + i for i in range(len(checkpoints))]
+    comparison = compare(loaded.graph, [best] + theirs + [c.graph for c in checkpoints],
                          loaded.params, rounds=latency_rounds,
                          repeats_per_round=repeats_per_round, min_round_ms=min_round_ms,
                          seed=seed, tolerance=tolerance, precision=policy,
-                         candidate_params=[None] + ([other.params] if other else []))
+                         candidate_params=[None] + ([other.params] if other else [])
+                         + [None] * len(checkpoints),
+                         level=1 - (1 - LEVEL) / (1 + len(checkpoints)))  # best of 1 + k
     numerics = comparison.numerics[0]
+    for j in slots:  # every rewritten graph timed must compute what the input does
+      if not comparison.numerics[j].passed:
+        numerics = comparison.numerics[j]
     lat_before, lat_after, verdict = (comparison.reference, comparison.candidates[0],
                                       comparison.speedups[0])
     times["check+measure"] = time.perf_counter() - t
@@ -218,11 +265,19 @@ def optimize_model(source: str = DEFAULT_MODEL, *, method: str = "ppo", size: st
                         f"{numerics.describe()}; nothing was written")
   if measure:
     if not keep_slower:
-      found, lat_after, verdict = measured_guard(loaded, found, comparison)
+      found, lat_after, verdict = measured_guard(loaded, found, comparison, slots)
       if "measured_guard" in found.details:
         log(f"measured: the optimised graph is not significantly faster than the input "
             f"({comparison.speedups[0].describe()}): the input is kept")
         best = loaded.graph
+      elif "checkpoint" in found.details:
+        cp = found.details["checkpoint"]
+        log(f"measured: the first {cp['rewrites']} of the {cp['of']} rewrites "
+            f"{verdict.describe()}, all of them {cp['rejected_speedup']}: the faster (the "
+            "first) is returned")
+        best = found.graph
+        numerics = comparison.numerics[
+            slots[[c.rewrites for c in checkpoints].index(cp["rewrites"])]]
   against_info = None
   if other is not None:
     against_info = _against(str(against), other, loaded, comparison,

@@ -137,6 +137,10 @@ class OptimizeReport:
                   f"modelled {g['rejected_cost_ms']:.4f} ms) measured "
                   f"{g['rejected_latency_median_ms']:.4f} ms, speedup {g['rejected_speedup']}, "
                   "not significantly faster than the input: the input is returned")
+    elif "checkpoint" in self.details:
+      cp = self.details["checkpoint"]
+      returned = (f": the first {cp['rewrites']} of {cp['of']} found (all {cp['of']} measured "
+                  f"{cp['rejected_speedup']})")
     lines += [
         f"speedup: modelled x{self.modelled_speedup:.3f}, measured "
         + ("not measured" if self.measured is None else
