@@ -19,6 +19,7 @@ from xrlflow_jax import cost, errors, executor, measure, workflow
 from xrlflow_jax import graph as G
 from xrlflow_jax import optimize as opt
 from xrlflow_jax import visualize
+from xrlflow_jax.search import guard as search_guard
 
 # Enlarging a 1x1 kernel (+0.4% modelled) then merging it with its 3x3 sibling (-3%): TASO finds
 # the pair within three expansions on tiny SqueezeNet. The exported SqueezeNet has bias-free
@@ -427,10 +428,10 @@ def test_against_is_refused_clearly(zoo_report, tmp_path, shared_dir):
 
 def test_checkpoint_lengths_are_the_last_family_changes():
   fams = ["merge", "merge", "dedupe", "dedupe", "merge", "layout"]
-  assert opt.methods.checkpoint_lengths(fams, 2) == [4, 5]
-  assert opt.methods.checkpoint_lengths(fams, 5) == [2, 4, 5]
-  assert opt.methods.checkpoint_lengths(fams, 0) == []
-  assert opt.methods.checkpoint_lengths(["merge"] * 3, 2) == []
+  assert search_guard.checkpoint_lengths(fams, 2) == [4, 5]
+  assert search_guard.checkpoint_lengths(fams, 5) == [2, 4, 5]
+  assert search_guard.checkpoint_lengths(fams, 0) == []
+  assert search_guard.checkpoint_lengths(["merge"] * 3, 2) == []
 
 
 # Tiny NasRNN: the gate merges (4), the dedupes of the Concats they repeat (3), then one row

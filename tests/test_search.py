@@ -436,7 +436,7 @@ def test_measured_guard_returns_the_input_unless_faster(monkeypatch, toy, rulese
   monkeypatch.setattr(search.guard, "compare", fake)
   res = search.optimize(graph, params, "taso", expander=expander, budget=8, alpha=1.2,
                         measure=True, measure_options={"rounds": 6})
-  assert calls == [{"rounds": 6}]
+  assert calls == [{"rounds": 6, "level": 0.95}]  # the merge alone costs more: no checkpoint
   assert res.found_cost_ms == pytest.approx(OPTIMUM) and res.found_rewrites == 2
   assert res.returned_input == (not kept)
   assert res.input_latency.median_ms == 1.0 and res.measured.verdict == verdict
@@ -615,10 +615,10 @@ def test_queue_trim_keeps_what_heapq_nsmallest_keeps():
     assert [heapq.heappop(kept) for _ in range(k)] == expected
 
 
-def test_taso_seed_is_cleaned_of_the_concats_every_step_repeats():
-  """After the 8-way gate merge at every step, each step concatenates the same eight weights
-  (two Concats of four, then one of two): the seed makes them one Concat tree, inner ones
-  first (to a fixed point), so every step's merged MatMul reads one weight node."""
+@pytest.fixture(scope="module")
+def gate_merge_expander():
+  """An Expander of the 8-way gate merge and the Concat dedupes on a cost model that counts
+  MatMul kernels and folded constants (each single merge raises the cost)."""
   w = np.zeros(len(cost.FEATURE_NAMES), np.float32)
   w[cost.FEATURE_NAMES.index("matmul.launch")] = 1.0
   w[cost.FEATURE_NAMES.index("const.mb")] = 1500.0
@@ -627,7 +627,15 @@ def test_taso_seed_is_cleaned_of_the_concats_every_step_repeats():
   names = ("merge_matmul_shared_input_8", "dedupe_concat_2", "dedupe_concat_4")
   rs = RuleSet([r for r in builtin_rules(["merge_matmul", "dedupe"]) if r.name in names],
                max_locations=4)
-  ex = search.Expander(rs, coeffs)
+  return search.Expander(rs, coeffs)
+
+
+def test_taso_seed_is_cleaned_of_the_concats_every_step_repeats(gate_merge_expander):
+  """After the 8-way gate merge at every step, each step concatenates the same eight weights
+  (two Concats of four, then one of two): the seed makes them one Concat tree, inner ones
+  first (to a fixed point), so every step's merged MatMul reads one weight node."""
+  ex = gate_merge_expander
+  rs = ex.ruleset
   graph, params = recurrent_toy(ways=8)
   res = search.taso(graph, params, ex, budget=4)
   assert res.options["seeds"] == [
@@ -646,3 +654,37 @@ def test_taso_seed_is_cleaned_of_the_concats_every_step_repeats():
   assert G.structural_hash(replayed) == G.structural_hash(res.best_graph)
   G.validate(res.best_graph, params)
   assert_same_outputs(graph, res.best_graph, params)
+
+
+def test_measured_guard_returns_a_prefix_measured_faster(monkeypatch, gate_merge_expander):
+  """With the search's expander the guard also times the path's prefix where the rule family
+  changes (the gate merges before the dedupes), at the level for the best of two, and returns
+  it when it measured faster than the whole path: its rewrites replay to it."""
+  ex = gate_merge_expander
+  graph, params = recurrent_toy(ways=8)
+  calls = []
+
+  def fake(a, candidates, p, **kw):
+    calls.append((len(candidates), kw["level"]))
+    ratios = [1.1, 1.3][:len(candidates)]
+    verdicts = [measure.Speedup(r, r - 0.05, r + 0.05, 1.0, 0.97, 1.03, "faster", kw["level"], 6)
+                for r in ratios]
+    return measure.Comparison(_stats(1.0), _stats(1.0), [_stats(1 / r) for r in ratios],
+                              verdicts)
+
+  monkeypatch.setattr(search.guard, "compare", fake)
+  res = search.optimize(graph, params, "taso", expander=ex, budget=4, measure=True,
+                        measure_options={"rounds": 6})
+  assert calls == [(2, pytest.approx(0.975))]
+  assert res.options["checkpoints"][0]["rewrites"] == 3
+  assert res.options["checkpoint"] == {"rewrites": 3, "of": 9,
+                                       "rejected_speedup": res.options["checkpoint"][
+                                           "rejected_speedup"]}
+  assert [s.rule for s in res.rewrites] == ["merge_matmul_shared_input_8"] * 3
+  assert res.measured.ratio == pytest.approx(1.3) and not res.returned_input
+  assert res.best_cost_ms == pytest.approx(float(ex.costs(res.best_graph).current), rel=1e-5)
+  replayed = search.replay(graph, ex.ruleset, res.rewrites)
+  assert G.structural_hash(replayed) == G.structural_hash(res.best_graph)
+  assert_same_outputs(graph, res.best_graph, params)
+  assert search.guard.fastest_faster([_verdict("faster")] * 2) == 0  # a tie: the whole path
+  assert search.guard.fastest_faster([_verdict("no change")]) is None

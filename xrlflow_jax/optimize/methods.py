@@ -18,7 +18,7 @@ from xrlflow_jax.configs import ppo as ppo_configs
 from xrlflow_jax.graph import layout
 from xrlflow_jax.optimize.checks import OptimizeError
 from xrlflow_jax.rules.library import builtin_rules
-from xrlflow_jax.search.expand import improves
+from xrlflow_jax.search import guard as guard_lib
 from xrlflow_jax.rules.ruleset import graph_op_codes, rules_that_can_fire
 from xrlflow_jax.workflow import Loaded
 
@@ -62,32 +62,12 @@ class Checkpoint:
   cost_ms: float
 
 
-# Prefixes of a found path measured beside it by default (`checkpoint_lengths`).
-DEFAULT_CHECKPOINTS = 2
-
-
-def checkpoint_lengths(families: Sequence[str], count: int) -> list[int]:
-  """The last `count` prefix lengths of a path of rewrites at which the rule family changes
-  (each step's family in order; 0 and the whole path excluded), ascending: a run of one
-  family (converting convolutions to NHWC, merging a cell's gates) is one transformation, so
-  its ends are where a path can be cut with its gains whole."""
-  ends = [i for i in range(1, len(families)) if families[i] != families[i - 1]]
-  return ends[-count:] if count > 0 else []
-
-
 def _checkpoints(loaded: Loaded, result: Any, expander: search.Expander,
                  count: int) -> list[Checkpoint]:
-  """The `checkpoint_lengths` prefixes of a search's path, replayed and costed; only those
-  modelled cheaper than the input."""
-  families = {r.name: r.family for r in expander.ruleset.rules}
-  steps = list(result.rewrites)
-  out = []
-  for k in checkpoint_lengths([families[s.rule] for s in steps], count):
-    g = search.replay(loaded.graph, expander, steps[:k])
-    c = expander.cost(g)
-    if improves(c, result.initial_cost_ms):
-      out.append(Checkpoint(k, g, float(c)))
-  return out
+  """The `search.guard.checkpoint_lengths` prefixes of a search's path, replayed and costed;
+  only those modelled cheaper than the input."""
+  return [Checkpoint(k, g, c) for k, g, c in guard_lib.checkpoint_prefixes(
+      expander, loaded.graph, list(result.rewrites), result.initial_cost_ms, count)]
 
 
 def _found_from_result(result: Any, found_by: str) -> Found:
@@ -105,12 +85,12 @@ def run_search(loaded: Loaded, method: str, coeffs: cost.CostCoefficients, *, se
                rules: Sequence[str] | None = None, max_locations: int = 16,
                options: Mapping[str, Any] | None = None,
                kernels: cost.KernelTimes | None = None,
-               checkpoints: int = DEFAULT_CHECKPOINTS) -> Found:
+               checkpoints: int = guard_lib.DEFAULT_CHECKPOINTS) -> Found:
   """A baseline search ("greedy", "taso", "beam", "random") on the cost model (with `kernels`,
   its measured kernel table), over the rules of the selection `rules` (default: every built-in
   rule) that can fire on the graph: rules whose source ops cannot occur are not compiled
   (`rules.rules_that_can_fire`). The Found carries up to `checkpoints` prefixes of its path
-  (`checkpoint_lengths`) for the measured guard."""
+  (`search.guard.checkpoint_lengths`) for the measured guard."""
   if rules:
     selected = _ruleset(rules, max_locations)
     firing = (rules_that_can_fire(selected.rules, graph_op_codes([loaded.graph]))

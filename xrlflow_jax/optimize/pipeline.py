@@ -15,13 +15,14 @@ from xrlflow_jax import compilation_cache, cost, executor
 from xrlflow_jax import graph as G
 from xrlflow_jax.cost import calibrate
 from xrlflow_jax.cost import kernel_table as kernel_table_lib
-from xrlflow_jax.measure import (LEVEL, Comparison, NumericsError, Speedup, check_numerics,
-                                 compare)
+from xrlflow_jax.measure import Comparison, NumericsError, Speedup, check_numerics, compare
 from xrlflow_jax.ops import precision as precision_lib
 from xrlflow_jax.optimize import checks, methods
 from xrlflow_jax.optimize.checks import OptimizeError
 from xrlflow_jax.optimize.methods import BUDGET_OPTION, Found
 from xrlflow_jax.optimize.report import OptimizeReport, default_output_dir, write_outputs
+from xrlflow_jax.search.guard import (DEFAULT_CHECKPOINTS, checkpoint_level,
+                                      fastest_faster)
 from xrlflow_jax.workflow import Loaded, load
 
 DEFAULT_MODEL = "squeezenet1_1"
@@ -69,10 +70,9 @@ def measured_guard(loaded: Loaded, found: Found, comparison: Comparison,
          "speedup": comparison.speedups[j].describe()}
         for cp, j in zip(found.checkpoints, slots)]
     found = dataclasses.replace(found, details=details)
-    best = max(((comparison.speedups[j].ratio, j, cp) for cp, j in zip(found.checkpoints, slots)
-                if comparison.speedups[j].faster), key=lambda t: t[0], default=None)
-    if best is not None and not (verdict.faster and verdict.ratio >= best[0]):
-      _, j, cp = best
+    i = fastest_faster([verdict] + [comparison.speedups[j] for j in slots])
+    if i:  # a checkpoint measured faster than the whole path
+      cp, j = found.checkpoints[i - 1], slots[i - 1]
       details = dict(found.details)
       details["checkpoint"] = {"rewrites": cp.rewrites, "of": len(found.rewrites or ()),
                                "rejected_speedup": verdict.describe()}
@@ -121,7 +121,7 @@ def optimize_model(source: str = DEFAULT_MODEL, *, method: str = "ppo", size: st
                    cost_coefficients: str | None = None, write: bool = True,
                    keep_slower: bool = False, compilation_cache_dir: str | None = None,
                    kernel_table: bool = True, against: str | None = None,
-                   checkpoints: int = methods.DEFAULT_CHECKPOINTS,
+                   checkpoints: int = DEFAULT_CHECKPOINTS,
                    log: Callable[[str], None] = print) -> OptimizeReport:
   """Optimises a model and writes the result with its evidence (see the module docstring).
 
@@ -149,7 +149,7 @@ def optimize_model(source: str = DEFAULT_MODEL, *, method: str = "ppo", size: st
     keep_slower: keep the optimised graph even when XLA measured it no faster than the input
       (default: the input is returned instead, see `measured_guard`).
     checkpoints: prefixes of the search's rewrites timed beside its graph (where the rule
-      family changes, the last ones: `methods.checkpoint_lengths`); the guard returns the
+      family changes, the last ones: `search.guard.checkpoint_lengths`); the guard returns the
       fastest of them and the whole path among those measured significantly faster, every
       verdict at the level 1 - 0.05 / (1 + checkpoints) (0: the whole path alone). Not for
       "ppo".
@@ -248,7 +248,7 @@ def optimize_model(source: str = DEFAULT_MODEL, *, method: str = "ppo", size: st
                          seed=seed, tolerance=tolerance, precision=policy,
                          candidate_params=[None] + ([other.params] if other else [])
                          + [None] * len(checkpoints),
-                         level=1 - (1 - LEVEL) / (1 + len(checkpoints)))  # best of 1 + k
+                         level=checkpoint_level(len(checkpoints)))  # best of 1 + k
     numerics = comparison.numerics[0]
     for j in slots:  # every rewritten graph timed must compute what the input does
       if not comparison.numerics[j].passed:

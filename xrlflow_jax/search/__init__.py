@@ -39,10 +39,11 @@ Final API (stable; the optimise job in `xrlflow_jax/optimize/` and the experimen
     measured_speedup; to_json(), summary().
   SearchError(XrlflowError): unknown method, bad options, no room in the graph's capacity, ...
 
-Every driver ends with the guard (`guard.finish`): with measure=True the input and the best graph
-are compiled and timed side by side (interleaved, one process) and the input is returned unless
-the best's median latency is lower; with measure=False the input is returned unless the best's
-modelled cost is lower.
+Every driver ends with the guard (`guard.finish`): with measure=True the input, the best graph
+and up to two prefixes of its path (where the rule family changes, `guard.checkpoint_lengths`)
+are compiled and timed side by side (interleaved, one process, with an identical copy as
+control) and the fastest of them measured significantly faster is returned, else the input;
+with measure=False the input is returned unless the best's modelled cost is lower.
 """
 
 from xrlflow_jax.search.result import (BASELINES, JOB_METHODS, METHODS, RewriteStep, SearchError,

@@ -143,7 +143,7 @@ def optimize(graph: layout.Graph, params: ParamStore, method: str = "taso",
 def _check_measure_options(options: dict[str, Any]) -> None:
   """Unknown or invalid `measure.compare` options fail before the search runs."""
   allowed = [p for p, v in inspect.signature(compare).parameters.items()
-             if v.kind is inspect.Parameter.KEYWORD_ONLY and p != "tolerance"]
+             if v.kind is inspect.Parameter.KEYWORD_ONLY and p not in ("tolerance", "level")]
   unknown = sorted(set(options) - set(allowed))
   if unknown:
     raise SearchError(f"unknown measure option(s) {unknown}; measure.compare takes {allowed}")

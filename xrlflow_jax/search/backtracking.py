@@ -124,7 +124,7 @@ def taso(graph: layout.Graph, params: ParamStore, expander: Expander, *, budget:
                                "max_queue": max_queue, "graphs_seen": len(seen),
                                "saturate": saturate, "seeds": seeded,
                                "seed_seconds": round(seed_seconds, 3)},
-                      measure_options=measure_options)
+                      measure_options=measure_options, expander=expander)
 
 
 def _valley_seeds(expander: Expander, g0: layout.Graph, ids0: np.ndarray, exp: Expansion

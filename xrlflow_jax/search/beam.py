@@ -76,4 +76,4 @@ def beam(graph: layout.Graph, params: ParamStore, expander: Expander, *, beam_wi
                       best_cost=best_cost, measure=measure, started=started,
                       graphs_expanded=expanded, candidates_costed=costed,
                       options={"beam_width": beam_width, "steps": steps},
-                      measure_options=measure_options)
+                      measure_options=measure_options, expander=expander)

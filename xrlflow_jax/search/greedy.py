@@ -60,4 +60,4 @@ def greedy(graph: layout.Graph, params: ParamStore, expander: Expander, *, max_s
   return guard.finish("greedy", g0, g, steps, params, initial_cost=cost0, best_cost=cost,
                       measure=measure, started=started, graphs_expanded=expanded,
                       candidates_costed=costed, options={"max_steps": max_steps},
-                      measure_options=measure_options)
+                      measure_options=measure_options, expander=expander)

@@ -5,19 +5,51 @@ from __future__ import annotations
 import time
 from typing import Any, Sequence
 
-from xrlflow_jax.measure import compare
+from xrlflow_jax.measure import LEVEL, Speedup, compare
 from xrlflow_jax.graph import host as graph_host
 from xrlflow_jax.graph import layout
 from xrlflow_jax.graph.params import ParamStore
-from xrlflow_jax.search.expand import improves
+from xrlflow_jax.search.expand import Expander, improves, replay
 from xrlflow_jax.search.result import RewriteStep, SearchResult
+
+# Prefixes of a found path timed beside it by a measured guard (`checkpoint_lengths`).
+DEFAULT_CHECKPOINTS = 2
+
+
+def checkpoint_lengths(families: Sequence[str], count: int) -> list[int]:
+  """The last `count` prefix lengths of a path of rewrites at which the rule family changes
+  (each step's family in order; 0 and the whole path excluded), ascending: a run of one
+  family (converting convolutions to NHWC, merging a cell's gates) is one transformation, so
+  its ends are where a path can be cut with its gains whole. The cost model can rate a late
+  run a gain that XLA does not measure; a guard that times these prefixes beside the whole
+  path need not then drop all of it."""
+  ends = [i for i in range(1, len(families)) if families[i] != families[i - 1]]
+  return ends[-count:] if count > 0 else []
+
+
+def checkpoint_level(count: int) -> float:
+  """The interval level of each verdict when the best of the whole path and `count` prefixes
+  is chosen: 1 - (1 - LEVEL) / (1 + count) (Bonferroni), so choosing does not raise the
+  false-positive rate."""
+  return 1 - (1 - LEVEL) / (1 + count)
+
+
+def fastest_faster(speedups: Sequence[Speedup]) -> int | None:
+  """The index of the highest ratio among `speedups` measured significantly faster (the first
+  on a tie: the whole path, listed first, over its prefixes), or None when none is."""
+  best = None
+  for i, s in enumerate(speedups):
+    if s.faster and (best is None or s.ratio > speedups[best].ratio):
+      best = i
+  return best
 
 
 def finish(method: str, input_graph: layout.Graph, best_graph: layout.Graph,
            rewrites: Sequence[RewriteStep], params: ParamStore, *, initial_cost: float,
            best_cost: float, measure: bool, started: float, graphs_expanded: int,
            candidates_costed: int, options: dict[str, Any] | None = None,
-           measure_options: dict[str, Any] | None = None) -> SearchResult:
+           measure_options: dict[str, Any] | None = None, expander: Expander | None = None,
+           checkpoints: int = DEFAULT_CHECKPOINTS) -> SearchResult:
   """Applies the guard and builds the SearchResult.
 
   With measure=False the best graph is kept only if its modelled cost is below the input's;
@@ -25,7 +57,12 @@ def finish(method: str, input_graph: layout.Graph, best_graph: layout.Graph,
   (`measure.compare`: interleaved rounds with an identical copy as control, verdict
   "faster"). Otherwise the input is returned (`returned_input=True`, no rewrites;
   also when the search found nothing better: `found_rewrites` tells the two apart).
-  The graph returned is validated against `params` (GraphValidationError if not).
+  With `expander` (the search's, to replay and cost prefixes), the measured guard also times
+  up to `checkpoints` prefixes of the path (`checkpoint_lengths`, those modelled cheaper than
+  the input) in the same rounds, and returns the fastest of them and the whole path among
+  those measured significantly faster (`fastest_faster`; intervals at `checkpoint_level`);
+  `options["checkpoints"]` records each prefix's verdict, `options["checkpoint"]` the one
+  returned. The graph returned is validated against `params` (GraphValidationError if not).
 
   Args:
     input_graph, best_graph: graphs of one capacity N; rewrites: steps from input to best.
@@ -36,15 +73,29 @@ def finish(method: str, input_graph: layout.Graph, best_graph: layout.Graph,
   rewrites = list(rewrites)
   found_cost, found_rewrites = float(best_cost), len(rewrites)
   keep = bool(rewrites) and improves(best_cost, initial_cost)
+  options = dict(options or {})
   lat_in = lat_best = verdict = None
   if measure:
+    prefixes = []
     if keep:
       graph_host.validate(best_graph, params)
-    cmp = compare(input_graph, [best_graph] if keep else [], params,
-                   **(measure_options or {}))
+      if expander is not None:
+        prefixes = checkpoint_prefixes(expander, input_graph, rewrites, initial_cost, checkpoints)
+    cmp = compare(input_graph, ([best_graph] + [g for _, g, _ in prefixes]) if keep else [],
+                  params, **(measure_options or {}), level=checkpoint_level(len(prefixes)))
     lat_in = cmp.reference
     if keep:
-      lat_best, verdict = cmp.candidates[0], cmp.speedups[0]
+      i = fastest_faster(cmp.speedups)
+      if prefixes:
+        options["checkpoints"] = [{"rewrites": k, "cost_ms": c,
+                                   "speedup": cmp.speedups[j + 1].describe()}
+                                  for j, (k, _, c) in enumerate(prefixes)]
+      if i:  # a prefix measured faster than the whole path
+        k, best_graph, best_cost = prefixes[i - 1]
+        options["checkpoint"] = {"rewrites": k, "of": len(rewrites),
+                                 "rejected_speedup": cmp.speedups[0].describe()}
+        rewrites = rewrites[:k]
+      lat_best, verdict = cmp.candidates[i or 0], cmp.speedups[i or 0]
       keep = verdict.keeps
   if not keep:
     best_graph, rewrites, best_cost = input_graph, [], float(initial_cost)
@@ -57,4 +108,18 @@ def finish(method: str, input_graph: layout.Graph, best_graph: layout.Graph,
       best_latency=lat_best, seconds=time.perf_counter() - started,
       graphs_expanded=int(graphs_expanded), candidates_costed=int(candidates_costed),
       returned_input=not keep, found_cost_ms=found_cost, measured=verdict,
-      found_rewrites=found_rewrites, options=dict(options or {}))
+      found_rewrites=found_rewrites, options=options)
+
+
+def checkpoint_prefixes(expander: Expander, graph: layout.Graph, rewrites: Sequence[RewriteStep],
+              initial_cost: float, count: int) -> list[tuple[int, layout.Graph, float]]:
+  """(length, graph, modelled cost) of the `checkpoint_lengths` prefixes of `rewrites`
+  modelled cheaper than the input."""
+  families = {r.name: r.family for r in expander.ruleset.rules}
+  out = []
+  for k in checkpoint_lengths([families.get(s.rule, s.rule) for s in rewrites], count):
+    g = replay(graph, expander, rewrites[:k])
+    c = expander.cost(g)
+    if improves(c, initial_cost):
+      out.append((k, g, float(c)))
+  return out

@@ -198,7 +198,7 @@ def policy(graph: layout.Graph, params: ParamStore, expander: Expander, *, agent
                       best_cost=best_cost, measure=measure, started=started,
                       graphs_expanded=expanded, candidates_costed=costed,
                       options={"steps": steps, "num_samples": num_samples, "seed": seed},
-                      measure_options=measure_options)
+                      measure_options=measure_options, expander=expander)
 
 
 def init_network(agent: Agent, expander: Expander, graph: layout.Graph, key: jax.Array,

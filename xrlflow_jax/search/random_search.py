@@ -67,4 +67,4 @@ def random_search(graph: layout.Graph, params: ParamStore, expander: Expander, *
                       best_cost=best_cost, measure=measure, started=started,
                       graphs_expanded=expanded, candidates_costed=costed,
                       options={"num_rollouts": num_rollouts, "steps": steps, "seed": seed},
-                      measure_options=measure_options)
+                      measure_options=measure_options, expander=expander)
