@@ -432,6 +432,8 @@ def test_checkpoint_lengths_are_the_last_family_changes():
   assert search_guard.checkpoint_lengths(fams, 5) == [2, 4, 5]
   assert search_guard.checkpoint_lengths(fams, 0) == []
   assert search_guard.checkpoint_lengths(["merge"] * 3, 2) == []
+  assert search_guard.checkpoint_level(0) == pytest.approx(0.95)  # no prefix: the usual level
+  assert search_guard.checkpoint_level(2) == pytest.approx(1 - 0.05 / 3)
 
 
 # Tiny NasRNN: the gate merges (4), the dedupes of the Concats they repeat (3), then one row
@@ -470,10 +472,6 @@ def test_guard_returns_a_checkpoint_measured_faster_than_the_whole_path(tmp_path
   assert report.cost_after_ms == pytest.approx(cps[1]["cost_ms"])
   assert _replay_hash(out, "nasrnn", CHECKPOINT_RULES, size="tiny") == report.hash_after
   assert "the first 7 of" in report.table()
-  no_cp = opt.optimize_model("nasrnn", method="taso", size="tiny", budget=20,
-                             rules=CHECKPOINT_RULES, write=False, kernel_table=False,
-                             checkpoints=0, **FAST)
-  assert calls[-1] == (1, pytest.approx(0.95)) and no_cp.details.get("returned_input")
   with pytest.raises(errors.UsageError, match="checkpoints must be >= 0"):
     opt.optimize_model("nasrnn", size="tiny", checkpoints=-1, write=False)
 
