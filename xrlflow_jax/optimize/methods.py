@@ -19,6 +19,7 @@ from xrlflow_jax.graph import layout
 from xrlflow_jax.optimize.checks import OptimizeError
 from xrlflow_jax.rules.library import builtin_rules
 from xrlflow_jax.search import guard as guard_lib
+from xrlflow_jax.search.guard import Checkpoint
 from xrlflow_jax.rules.ruleset import graph_op_codes, rules_that_can_fire
 from xrlflow_jax.workflow import Loaded
 
@@ -43,31 +44,7 @@ class Found:
   rewrites: list[dict[str, Any]] | None
   found_by: str
   details: dict[str, Any]
-  checkpoints: list["Checkpoint"] = dataclasses.field(default_factory=list)
-
-
-@dataclasses.dataclass
-class Checkpoint:
-  """A prefix of a Found's rewrites, timed beside the found graph by the measured guard (which
-  returns the fastest graph measured significantly faster than the input): the cost model
-  can rate a late run of rewrites a gain that XLA does not measure, and the guard then need not
-  drop the whole path.
-
-  Attributes:
-    rewrites: the prefix's length (steps of `Found.rewrites`); graph: the graph it reaches;
-    cost_ms: its modelled cost.
-  """
-  rewrites: int
-  graph: layout.Graph
-  cost_ms: float
-
-
-def _checkpoints(loaded: Loaded, result: Any, expander: search.Expander,
-                 count: int) -> list[Checkpoint]:
-  """The `search.guard.checkpoint_lengths` prefixes of a search's path, replayed and costed;
-  only those modelled cheaper than the input."""
-  return [Checkpoint(k, g, c) for k, g, c in guard_lib.checkpoint_prefixes(
-      expander, loaded.graph, list(result.rewrites), result.initial_cost_ms, count)]
+  checkpoints: list[Checkpoint] = dataclasses.field(default_factory=list)
 
 
 def _found_from_result(result: Any, found_by: str) -> Found:
@@ -106,8 +83,9 @@ def run_search(loaded: Loaded, method: str, coeffs: cost.CostCoefficients, *, se
   found.details.update(_ruleset_details(ruleset, rules or (), default=search.is_default(ruleset)))
   found.details["rules_kept"] = kept
   if checkpoints and not result.returned_input:
-    found.checkpoints = _checkpoints(loaded, result, search.get_expander(ruleset, coeffs, kernels),
-                                     checkpoints)
+    found.checkpoints = guard_lib.checkpoint_prefixes(
+        search.get_expander(ruleset, coeffs, kernels), loaded.graph, list(result.rewrites),
+        result.initial_cost_ms, checkpoints)
   return found
 
 

@@ -61,7 +61,7 @@ def measured_guard(loaded: Loaded, found: Found, comparison: Comparison,
     latency and an "unchanged" Speedup, and what was rejected in `details["measured_guard"]`.
   """
   after, verdict = comparison.candidates[0], comparison.speedups[0]
-  slots = list(checkpoint_slots)[:len(found.checkpoints)]
+  slots = list(checkpoint_slots)
   if slots:
     details = dict(found.details)
     details["checkpoints"] = [
@@ -276,8 +276,8 @@ def optimize_model(source: str = DEFAULT_MODEL, *, method: str = "ppo", size: st
             f"{verdict.describe()}, all of them {cp['rejected_speedup']}: the faster (the "
             "first) is returned")
         best = found.graph
-        numerics = comparison.numerics[
-            slots[[c.rewrites for c in checkpoints].index(cp["rewrites"])]]
+        slot_of = {c.rewrites: j for c, j in zip(checkpoints, slots)}
+        numerics = comparison.numerics[slot_of[cp["rewrites"]]]
   against_info = None
   if other is not None:
     against_info = _against(str(against), other, loaded, comparison,

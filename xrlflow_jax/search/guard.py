@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Any, Sequence
 
@@ -14,6 +15,19 @@ from xrlflow_jax.search.result import RewriteStep, SearchResult
 
 # Prefixes of a found path timed beside it by a measured guard (`checkpoint_lengths`).
 DEFAULT_CHECKPOINTS = 2
+
+
+@dataclasses.dataclass(frozen=True)
+class Checkpoint:
+  """A prefix of a found path, timed beside the whole path by a measured guard.
+
+  Attributes:
+    rewrites: the prefix's length (steps of the path); graph: the graph it reaches (host
+      arrays, the input's capacity); cost_ms: its modelled cost.
+  """
+  rewrites: int
+  graph: layout.Graph
+  cost_ms: float
 
 
 def checkpoint_lengths(families: Sequence[str], count: int) -> list[int]:
@@ -81,20 +95,20 @@ def finish(method: str, input_graph: layout.Graph, best_graph: layout.Graph,
       graph_host.validate(best_graph, params)
       if expander is not None:
         prefixes = checkpoint_prefixes(expander, input_graph, rewrites, initial_cost, checkpoints)
-    cmp = compare(input_graph, ([best_graph] + [g for _, g, _ in prefixes]) if keep else [],
+    cmp = compare(input_graph, ([best_graph] + [p.graph for p in prefixes]) if keep else [],
                   params, **(measure_options or {}), level=checkpoint_level(len(prefixes)))
     lat_in = cmp.reference
     if keep:
       i = fastest_faster(cmp.speedups)
       if prefixes:
-        options["checkpoints"] = [{"rewrites": k, "cost_ms": c,
+        options["checkpoints"] = [{"rewrites": p.rewrites, "cost_ms": p.cost_ms,
                                    "speedup": cmp.speedups[j + 1].describe()}
-                                  for j, (k, _, c) in enumerate(prefixes)]
+                                  for j, p in enumerate(prefixes)]
       if i:  # a prefix measured faster than the whole path
-        k, best_graph, best_cost = prefixes[i - 1]
-        options["checkpoint"] = {"rewrites": k, "of": len(rewrites),
+        p = prefixes[i - 1]
+        options["checkpoint"] = {"rewrites": p.rewrites, "of": len(rewrites),
                                  "rejected_speedup": cmp.speedups[0].describe()}
-        rewrites = rewrites[:k]
+        best_graph, best_cost, rewrites = p.graph, p.cost_ms, rewrites[:p.rewrites]
       lat_best, verdict = cmp.candidates[i or 0], cmp.speedups[i or 0]
       keep = verdict.keeps
   if not keep:
@@ -111,15 +125,16 @@ def finish(method: str, input_graph: layout.Graph, best_graph: layout.Graph,
       found_rewrites=found_rewrites, options=options)
 
 
-def checkpoint_prefixes(expander: Expander, graph: layout.Graph, rewrites: Sequence[RewriteStep],
-              initial_cost: float, count: int) -> list[tuple[int, layout.Graph, float]]:
-  """(length, graph, modelled cost) of the `checkpoint_lengths` prefixes of `rewrites`
-  modelled cheaper than the input."""
+def checkpoint_prefixes(expander: Expander, graph: layout.Graph,
+                        rewrites: Sequence[RewriteStep], initial_cost: float,
+                        count: int) -> list[Checkpoint]:
+  """The `checkpoint_lengths` prefixes of `rewrites` (found on `graph` with `expander`'s
+  rules), replayed and costed; only those modelled cheaper than the input."""
   families = {r.name: r.family for r in expander.ruleset.rules}
   out = []
-  for k in checkpoint_lengths([families.get(s.rule, s.rule) for s in rewrites], count):
+  for k in checkpoint_lengths([families[s.rule] for s in rewrites], count):
     g = replay(graph, expander, rewrites[:k])
     c = expander.cost(g)
     if improves(c, initial_cost):
-      out.append((k, g, float(c)))
+      out.append(Checkpoint(k, g, float(c)))
   return out

@@ -89,8 +89,7 @@ def select_rules(names: Sequence[str], *, taso_file_path: str | os.PathLike | No
   """
   entries = _entries(names)
   builtin = builtin_rules()
-  by_name = {r.name: r for r in builtin_rules(sorted({r.family for r in builtin}
-                                                     | set(OPT_IN_FAMILIES)))}
+  by_name = {r.name: r for r in builtin + builtin_rules(list(OPT_IN_FAMILIES))}
   path = taso_file(entries, taso_file_path)
   out: list[Rule] = []
   seen: set[str] = set()
