@@ -533,7 +533,6 @@ def test_prepare_compiles_in_the_background_and_changes_nothing(toy, ruleset, ex
   assert not fresh._pending  # pylint: disable=protected-access
   counts = fresh.trace_counts
   assert all(counts[k] == 1 for k in ("match", "apply_at", "identities", "costs")), counts
-  assert counts["cost"] <= 1, counts  # compiled on demand (only for a child costed alone)
   ref = search.taso(graph, params, expander, budget=8, alpha=1.2)
   assert res.best_cost_ms == ref.best_cost_ms == pytest.approx(OPTIMUM)
   assert [r.to_json() for r in res.rewrites] == [r.to_json() for r in ref.rewrites]

@@ -209,7 +209,6 @@ class Expander:
     jit = trace_cache.PersistentJit
     self._bucket = jit(self._bucket_impl, "search.bucket", closure, static_argnames=("size",))
     self._apply_at = jit(self._apply_at_impl, "search.apply_at", closure)
-    self._cost = jit(self._cost_impl, "search.cost", closure)
     self._match = jit(self._match_impl, "search.match", closure)
     self._identities = jit(self._identities_impl, "search.identities")
     self._graph_hash = jit(identity.graph_hash, "search.graph_hash")
@@ -232,8 +231,6 @@ class Expander:
     rule = jax.ShapeDtypeStruct((), jnp.int32)
     nodes = jax.ShapeDtypeStruct((self.ruleset.num_bound,), jnp.int32)
     table = self._kernel_table()
-    # Not the full cost (`cost`): a search needs it only for a candidate the incremental cost
-    # could not cost, so it compiles when first called (1.5 s of XLA's time saved otherwise).
     jobs = [(self._match, (graph, table)), (self._apply_at, (graph, ids, rule, nodes)),
             (self._identities, (graph,)), (self._graph_hash, (graph, ids))]
     self._pending += [_BACKGROUND.submit(contextvars.copy_context().run, fn.prepare, *args)
@@ -250,7 +247,7 @@ class Expander:
     """Compiled instances of each jitted function: traced in this process, or loaded from the
     trace cache (`trace_cache`); one per capacity (and bucket size) is the goal."""
     return {"costs": self._bucket.instances, "apply_at": self._apply_at.instances,
-            "cost": self._cost.instances, "match": self._match.instances,
+            "match": self._match.instances,
             "identities": self._identities.instances, "graph_hash": self._graph_hash.instances}
 
   def _call(self, fn, *args, **kwargs):
@@ -280,10 +277,6 @@ class Expander:
     return self.ruleset.num_actions
 
   # ------------------------------------------------------------------ traced bodies
-  def _cost_impl(self, graph: layout.Graph, table: cost_model.KernelTable | None
-                 ) -> tuple[jax.Array, jax.Array]:
-    return cost_model.graph_cost_and_misses(graph, self.coeffs, kernels=table)
-
   def _match_impl(self, graph: layout.Graph, table: cost_model.KernelTable | None
                   ) -> tuple[RuleSetMatch, jax.Array, jax.Array, jax.Array]:
     match = self.ruleset.match(graph)
@@ -445,10 +438,13 @@ class Expander:
 
   def cost(self, graph: layout.Graph) -> float:
     """Modelled cost of `graph` in ms (float); with `kernels`, a kernel the table does not
-    have is measured first."""
-    cost, missing = self._call(self._cost, graph, self._kernel_table())
+    have is measured first. From the match call, which costs its graph too (the cost an
+    expansion of `graph` reports as `current`): no function compiles for costing alone (a
+    separate one cost a cold job ~5 s of XLA's time for the few graphs a search costs alone:
+    checkpoints, seeds, a child the incremental cost cannot cover)."""
+    _, _, cost, missing = self._call(self._match, graph, self._kernel_table())
     if bool(missing):
-      cost, _ = self._call(self._cost, graph, self._measure_kernels(graph))
+      _, _, cost, _ = self._call(self._match, graph, self._measure_kernels(graph))
     return float(cost)
 
   def _kernel_table(self) -> cost_model.KernelTable | None:
