@@ -240,6 +240,23 @@ def test_compact_moves_alive_nodes_first_and_preserves_semantics():
     np.testing.assert_allclose(a, b, rtol=1e-6)
 
 
+def test_stable_sort_by_key_equals_a_stable_argsort():
+  """The packed one-operand sort gives argsort's order (ties by position) and the sorted keys,
+  batched, with few or many distinct keys, and through its argsort fallback when key * N could
+  leave int32."""
+  from xrlflow_jax.graph import transforms  # pylint: disable=g-import-not-at-top
+  rng = np.random.default_rng(0)
+  for n, num_keys in ((1, 1), (7, 2), (64, 3), (1024, 1025), (300, 10_000_000)):
+    keys = rng.integers(0, num_keys, size=(4, n)).astype(np.int32)
+    keys[0] = num_keys - 1  # all equal: the order is the positions
+    order, sorted_keys = jax.jit(jax.vmap(lambda k, m=num_keys: transforms.stable_sort_by_key(k, m)))(
+        keys)
+    want = np.argsort(keys, axis=-1, kind="stable")
+    np.testing.assert_array_equal(order, want)
+    np.testing.assert_array_equal(sorted_keys, np.take_along_axis(keys, want, -1))
+    assert order.dtype == sorted_keys.dtype == jnp.int32
+
+
 def test_transforms_do_not_retrace_across_graphs_of_one_capacity():
   @jax.jit
   @chex.assert_max_traces(n=1)

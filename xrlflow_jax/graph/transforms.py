@@ -12,6 +12,23 @@ import jax.numpy as jnp
 from xrlflow_jax.graph import layout
 
 
+def stable_sort_by_key(keys: jax.Array, num_keys: int) -> tuple[jax.Array, jax.Array]:
+  """A stable sort of integer keys in [0, num_keys) along the last axis: (order int32[..., N],
+  sorted keys int32[..., N]), as `jnp.argsort(keys, stable=True)` and the keys in that order.
+
+  Each key and its position are packed into one int32 (key * N + position) and sorted as one
+  operand: XLA:CPU sorts one operand several times faster than the two an argsort carries
+  (64 rows of 1024 keys: 2.5 vs 16.9 ms, 2-core x86_64, 2026-12-04). When key * N + position
+  can exceed int32 (num_keys * N >= 2^31) it is an argsort.
+  """
+  n = keys.shape[-1]
+  if num_keys * n >= 2 ** 31:
+    order = jnp.argsort(keys, axis=-1, stable=True).astype(jnp.int32)
+    return order, jnp.take_along_axis(keys.astype(jnp.int32), order, axis=-1)
+  packed = jnp.sort(keys.astype(jnp.int32) * n + jnp.arange(n, dtype=jnp.int32), axis=-1)
+  return packed % n, packed // n
+
+
 def consumer_counts(graph: layout.Graph) -> jax.Array:
   """int32[N]: number of input slots of alive nodes that read each node's output.
 
@@ -78,7 +95,7 @@ def compact(graph: layout.Graph) -> tuple[layout.Graph, jax.Array]:
   """
   n = graph.nodes["op"].shape[-1]
   alive = graph.nodes["alive"]
-  new_to_old = jnp.argsort(~alive, stable=True).astype(jnp.int32)
+  new_to_old, _ = stable_sort_by_key((~alive).astype(jnp.int32), 2)
   old_to_new = jnp.zeros([n], jnp.int32).at[new_to_old].set(jnp.arange(n, dtype=jnp.int32))
   nodes = {k: v[new_to_old] for k, v in graph.nodes.items()}
   table = layout.input_table(graph)[new_to_old]  # [N, K] old ids

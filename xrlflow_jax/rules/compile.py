@@ -27,6 +27,7 @@ import numpy as np
 
 from xrlflow_jax import ops
 from xrlflow_jax.graph import layout
+from xrlflow_jax.graph import transforms
 from xrlflow_jax.ops import MAX_RANK as R
 from xrlflow_jax.rules import edit as edit_lib
 from xrlflow_jax.rules.pattern import MatchView, Ref, Rule, by_slot, encode_attrs_jit
@@ -67,9 +68,9 @@ class Features:
     self.anchor_caps = anchor_caps
     num_ops = len(ops.all_specs())
     op_key = jnp.where(self.alive, self.op, num_ops)
-    self.op_order = jnp.argsort(op_key, stable=True).astype(jnp.int32)
-    self.op_start = jnp.searchsorted(op_key[self.op_order],
-                                     jnp.arange(num_ops + 1, dtype=op_key.dtype)).astype(jnp.int32)
+    self.op_order, sorted_ops = transforms.stable_sort_by_key(op_key, num_ops + 1)
+    self.op_start = jnp.searchsorted(sorted_ops,
+                                     jnp.arange(num_ops + 1, dtype=jnp.int32)).astype(jnp.int32)
 
   def anchor_count(self, op: int) -> int:
     """C: how many slots of `op` a rule rooted at it examines (static)."""
@@ -102,9 +103,8 @@ class Features:
   def sorted_keys(self, op: int, path: tuple[int, ...]) -> tuple[jax.Array, jax.Array]:
     """(order, sorted keys) of `join_keys`, cached so rules sharing a join sort once."""
     if (op, path) not in self._sorted:
-      keys = self.join_keys(op, path)
-      order = jnp.argsort(keys, stable=True).astype(jnp.int32)
-      self._sorted[(op, path)] = (order, keys[order])
+      self._sorted[(op, path)] = transforms.stable_sort_by_key(self.join_keys(op, path),
+                                                               self.n + 1)
     return self._sorted[(op, path)]
 
 
