@@ -437,6 +437,23 @@ def test_rewrite_gains_passes(qkv_walker):
   assert "passes (min-max)" in table and "(2) |" in table
 
 
+def test_first_of_each_class_marks_the_lowest_slot_of_each_key():
+  """Classes of equal keys (many ties, NO_CLASS slots, one class, all distinct), batched: the
+  lowest slot of each class and nothing else, as a stable sort would find them."""
+  rng = np.random.default_rng(0)
+  no_class = np.uint32(M.NO_CLASS)
+  for n, distinct in ((1, 1), (16, 3), (300, 40), (1024, 2000)):
+    keys = rng.integers(0, distinct, size=(3, n)).astype(np.uint32)
+    keys[1, ::3] = no_class
+    keys[2] = 7
+    got = np.asarray(jax.jit(jax.vmap(M.first_of_each_class))(jnp.asarray(keys)))
+    for row, marks in zip(keys, got):
+      want = np.zeros(n, bool)
+      for k in set(row.tolist()) - {int(no_class)}:
+        want[np.flatnonzero(row == k)[0]] = True
+      np.testing.assert_array_equal(marks, want)
+
+
 def test_const_mb_counts_each_distinct_folded_weight_once():
   # Three unrolled steps share w1, w2 (4x4 f32 = 64 bytes each); after a merge every step
   # concatenates them again (one distinct 4x8 value); a different pairing is another value.

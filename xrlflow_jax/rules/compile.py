@@ -63,6 +63,7 @@ class Features:
     del need_depth
     self.depth = graph.nodes["level"]
     self._sorted: dict[Any, tuple[jax.Array, jax.Array]] = {}
+    self._attr_columns: list[jax.Array] | None = None
     # Slots grouped by op code (dead slots last), so a rule only examines nodes of its root op.
     self.max_anchors = min(n, max_anchors if max_anchors else max(64, n // 4))
     self.anchor_caps = anchor_caps
@@ -71,6 +72,17 @@ class Features:
     self.op_order, sorted_ops = transforms.stable_sort_by_key(op_key, num_ops + 1)
     self.op_start = jnp.searchsorted(sorted_ops,
                                      jnp.arange(num_ops + 1, dtype=jnp.int32)).astype(jnp.int32)
+
+  def rows_of(self, feature: str, index: jax.Array) -> jax.Array:
+    """`take_rows(graph.nodes[feature], index)`; attribute rows are gathered column by column
+    and stacked, so XLA drops the columns a constraint does not read (most read one attribute
+    of the 16; the environment's matcher, BERT-base x 64 graphs, 143 -> 110 ms, 2026-12-04)."""
+    x = self.graph.nodes[feature]
+    if feature != "attrs":
+      return take_rows(x, index)
+    if self._attr_columns is None:
+      self._attr_columns = [x[:, a] for a in range(x.shape[-1])]
+    return jnp.stack([take_rows(col, index) for col in self._attr_columns], -1)
 
   def anchor_count(self, op: int) -> int:
     """C: how many slots of `op` a rule rooted at it examines (static)."""
@@ -361,7 +373,7 @@ class CompiledRule:
     if rule.where is not None:
       # Gather for all candidates only the (feature, slot) rows the constraint reads: all
       # rows of all bound nodes cost more than the rest of a join rule's bind under a batch.
-      rows = {key: take_rows(f.graph.nodes[key[0]], bound[key[1]])
+      rows = {key: f.rows_of(key[0], bound[key[1]])
               for key in self._where_reads(f.graph, nodes.shape[-1])}
 
       def where(bound_nodes, rows):
