@@ -685,5 +685,16 @@ def test_measured_guard_returns_a_prefix_measured_faster(monkeypatch, gate_merge
   replayed = search.replay(graph, ex.ruleset, res.rewrites)
   assert G.structural_hash(replayed) == G.structural_hash(res.best_graph)
   assert_same_outputs(graph, res.best_graph, params)
+  # No checkpoints: the same whole path is timed alone at the usual level and kept.
+  found = search.optimize(graph, params, "taso", expander=ex, budget=4)  # modelled guard only
+  assert len(found.rewrites) == 9
+  calls.clear()
+  alone = search.guard.finish("taso", graph, found.best_graph, found.rewrites, params,
+                              initial_cost=found.initial_cost_ms, best_cost=found.best_cost_ms,
+                              measure=True, started=0.0, graphs_expanded=0, candidates_costed=0,
+                              measure_options={"rounds": 6}, expander=ex, checkpoints=0)
+  assert calls == [(1, pytest.approx(0.95))]
+  assert "checkpoints" not in alone.options and "checkpoint" not in alone.options
+  assert len(alone.rewrites) == 9 and alone.measured.ratio == pytest.approx(1.1)
   assert search.guard.fastest_faster([_verdict("faster")] * 2) == 0  # a tie: the whole path
   assert search.guard.fastest_faster([_verdict("no change")]) is None
