@@ -123,6 +123,15 @@ def test_bucket_sizes():
   for c in range(1, 10_000):  # never under the count, never more than 1.5x it past the floor
     assert c <= search.bucket_size(c, 10**6) <= max(small, 1.5 * c)
   assert search.bucket_size(3, 8) == 8  # never more slots than actions
+  # Buckets larger than BUCKET_CHUNK run in equal chunks of at most that many.
+  chunk = search.expand.bucket_chunk
+  limit = search.expand.BUCKET_CHUNK
+  assert [chunk(s) for s in (64, 96, 128, 192, 256, 384, 768)] == [64, 96, 128, 96, 128, 128, 128]
+  assert all(chunk(s) <= limit for s in sizes)  # every bucket size splits evenly
+  for s in range(1, 1000):
+    assert s % chunk(s) == 0
+    assert chunk(s) <= limit or chunk(s) == s  # one vmap where no divisor is large enough
+  assert chunk(131) == 131  # a prime number of actions: one vmap
 
 
 def test_bucketed_expansion_equals_each_candidate_alone_on_a_zoo_model(monkeypatch):
@@ -130,10 +139,12 @@ def test_bucketed_expansion_equals_each_candidate_alone_on_a_zoo_model(monkeypat
   (rule, location) is built and costed, and equals applying it alone and costing the result
   with the full (unpruned) cost model; the built child is the graph `apply_at` makes. The
   incremental cost covers only 1 changed slot here, so its fallback (the child costed again
-  alone) is exercised; its exact path is checked by the rewrite walks of test_rules."""
+  alone) is exercised; its exact path is checked by the rewrite walks of test_rules. The bucket
+  runs in chunks (`BUCKET_CHUNK` = 4: a bucket of 15 in five chunks of 3)."""
   from xrlflow_jax import models  # pylint: disable=g-import-not-at-top
   from xrlflow_jax.cost import incremental  # pylint: disable=g-import-not-at-top
   monkeypatch.setattr(search.expand, "MIN_BUCKET", 10)  # buckets 10, 15, 20, 30, ...
+  monkeypatch.setattr(search.expand, "BUCKET_CHUNK", 4)
   monkeypatch.setattr(incremental, "MAX_CHANGED", 1)
   monkeypatch.setattr(incremental, "MIN_CAPACITY", 0)  # this graph is smaller
   # Rewrites that change more than 4 rows (5 here) are hashed again alone: both paths run.
@@ -150,6 +161,7 @@ def test_bucketed_expansion_equals_each_candidate_alone_on_a_zoo_model(monkeypat
   (bucket,) = ex.stats.buckets
   assert bucket == search.bucket_size(int(mask.sum()), rs.num_actions)
   assert 10 < mask.sum() < bucket  # a size up from the smallest, with empty slots at its end
+  assert 1 < search.expand.bucket_chunk(bucket) < bucket  # more than one chunk
   np.testing.assert_array_equal(np.sort(children.actions), np.flatnonzero(mask))
   valid, costs = np.asarray(exp.valid), np.asarray(exp.cost)
   assert valid.sum() == children.ok.sum() and np.isinf(costs[~valid]).all()

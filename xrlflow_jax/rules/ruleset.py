@@ -163,12 +163,40 @@ class RuleSet:
       out.append(jax.vmap(plan)(bound, bound_rows(graph, bound)))
     return jax.tree_util.tree_map(lambda *xs: jnp.concatenate(xs, 0), *out)
 
+  def candidate_edits(self, graph: layout.Graph, nodes: jax.Array, mask: jax.Array,
+                      slots: int | None = None
+                      ) -> tuple[edit_lib.Edit, jax.Array, jax.Array]:
+    """The plans of the valid candidates only, compacted (action order) into `slots` slots;
+    `build` turns each into its graph. Valid candidates past `slots` are left out.
+
+    Args:
+      graph: the current graph; nodes: int32[R, L, P] bound nodes (`RuleSetMatch.nodes`);
+      mask: bool[R, L] valid candidates; slots: C (None: R * L, every candidate).
+    Returns:
+      (plans with a leading axis C, index int32[C] the flat action of each slot (0 where
+      unused), used bool[C]: the slot holds a valid candidate).
+    """
+    flat = mask.reshape(-1)
+    c = min(slots or flat.shape[0], flat.shape[0])
+    (index,) = jnp.nonzero(flat, size=c, fill_value=0)  # valid candidates first
+    used = jnp.arange(c) < flat.sum()
+    plans = jax.tree_util.tree_map(lambda x: x[index], self.plans(graph, nodes))
+    return plans, index.astype(jnp.int32), used
+
+  def build(self, graph: layout.Graph, plan: edit_lib.Edit, keep: jax.Array
+            ) -> tuple[layout.Graph, jax.Array]:
+    """(graph after `plan`, applied): the plan completed by the shared shape rules and applied
+    by the shared edit kernel where `keep`, else `graph` unchanged. vmap it over the plans of
+    `candidate_edits`: the shape rules and the edit kernel, the expensive part, then run once
+    per candidate."""
+    n = layout.capacity(graph)
+    edit = edit_lib.neutralize(edit_lib.complete(graph, plan), keep, n)
+    return edit_lib.apply_edit(graph, edit)
+
   def candidates(self, graph: layout.Graph, nodes: jax.Array, mask: jax.Array,
                  slots: int | None = None) -> tuple[layout.Graph, jax.Array, jax.Array]:
-    """The graphs one rewrite of `graph` would produce, for the valid candidates only: they are
-    compacted (action order) into `slots` slots and only those are built (the plans of every
-    (rule, location) are small; the shape rules and the edit kernel, the expensive part, run
-    once per slot in one vmap). Valid candidates past `slots` are not built.
+    """The graphs one rewrite of `graph` would produce, for the valid candidates only
+    (`candidate_edits`, then `build` vmapped over them).
 
     Args:
       graph: the current graph; nodes: int32[R, L, P] bound nodes (`RuleSetMatch.nodes`);
@@ -177,18 +205,9 @@ class RuleSet:
       (graphs with a leading axis C, index int32[C] the flat action of each slot (0 where
       unused), ok bool[C]: the slot holds a valid candidate that applied).
     """
-    flat = mask.reshape(-1)
-    c = min(slots or flat.shape[0], flat.shape[0])
-    (index,) = jnp.nonzero(flat, size=c, fill_value=0)  # valid candidates first
-    used = jnp.arange(c) < flat.sum()
-    stacked = jax.tree_util.tree_map(lambda x: x[index], self.plans(graph, nodes))
-    n = layout.capacity(graph)
-
-    def build(e, keep):
-      e = edit_lib.neutralize(edit_lib.complete(graph, e), keep, n)
-      return edit_lib.apply_edit(graph, e)
-    graphs, ok = jax.vmap(build)(stacked, used)
-    return graphs, index.astype(jnp.int32), ok & used
+    plans, index, used = self.candidate_edits(graph, nodes, mask, slots)
+    graphs, ok = jax.vmap(lambda e, keep: self.build(graph, e, keep))(plans, used)
+    return graphs, index, ok & used
 
   def apply(self, graph: layout.Graph, rule_index: jax.Array, nodes: jax.Array,
             allowed: jax.Array | bool = True) -> tuple[layout.Graph, jax.Array]:

@@ -114,6 +114,14 @@ MIN_GAIN = 1e-6
 # under a third of its slots (powers of two alone wasted up to half: BERT-base's 173 candidates
 # filled 256 slots).
 MIN_BUCKET = 64
+# Most candidates a bucket builds and costs at once (a larger bucket runs as a `lax.map` over
+# equal chunks, `bucket_chunk`): per candidate the work is a few full-capacity arrays, and a
+# whole bucket of them at once outgrows the caches. Measured in one process, interleaved
+# (2-core x86_64, XLA:CPU, 2026-12-04): BERT-base's 256-slot bucket 52.2 ms as one vmap, 32.1
+# in chunks of 64, 29.7 of 128; its 192-slot bucket 39.8 as one vmap, 26.3 in chunks of 64,
+# 23.8 of 96, 40.6 as 128 + 64 (`lax.map`'s partial last chunk is slow); NasRNN's 384-slot
+# bucket 49.7, 38.1 (64), 33.2 (128).
+BUCKET_CHUNK = 128
 
 
 @dataclasses.dataclass
@@ -169,6 +177,14 @@ def bucket_size(count: int, num_actions: int) -> int:
   return max(1, min(size, num_actions))
 
 
+def bucket_chunk(size: int) -> int:
+  """The chunk a bucket of `size` slots runs in: its largest divisor up to BUCKET_CHUNK (equal
+  chunks: 192 in two of 96), or `size` (one vmap) when that divisor is under a quarter of
+  BUCKET_CHUNK (a bucket capped at an odd number of actions)."""
+  best = max(d for d in range(1, BUCKET_CHUNK + 1) if size % d == 0)
+  return best if 4 * best >= BUCKET_CHUNK else size
+
+
 class Expander:
   """Costs and hashes every candidate of a graph in one compiled call per expansion.
 
@@ -176,7 +192,8 @@ class Expander:
   (rule, location) pairs on the host, and hands them, compacted into a bucket of
   `bucket_size(count)` slots, to one jitted call that builds each candidate's edit (every
   rule's small plan at its L locations, `RuleSet.plans`, gathered for the bucket), completes
-  it with the shared shape rules, applies it with the shared edit kernel, and costs the result.
+  it with the shared shape rules, applies it with the shared edit kernel, and costs the result
+  (a bucket larger than `BUCKET_CHUNK` in equal chunks, one after the other: `bucket_chunk`).
   The expensive parts never run on an empty (rule, location) slot. From capacity
   `cost.incremental.MIN_CAPACITY` up, each candidate is costed incrementally from the parent
   (FLOPs and distinct constants only where the rewrite changed slots; a candidate that changed
@@ -295,12 +312,14 @@ class Expander:
     # The valid pairs compacted into the bucket and built there (each rule's plan vmapped over
     # its locations, then gathered, not a `lax.switch` over the rules under a vmap: that would
     # run every rule's plan for every slot).
-    children, idx, ok = rs.candidates(graph, match.nodes, match.mask, size)  # leading axis [B]
+    plans, idx, used = rs.candidate_edits(graph, match.nodes, match.mask, size)  # [B]
     incremental_cost = n >= incremental.MIN_CAPACITY
     base = incremental.cost_base(graph, self.coeffs, table) if incremental_cost else None
     parent_rows = identity.row_hashes(graph, ids)
 
-    def one(new):
+    def one(candidate):
+      plan, keep = candidate
+      new, applied = rs.build(graph, plan, keep)
       if incremental_cost:
         cost, exact, missing = incremental.candidate_cost(graph, base, new, self.coeffs,
                                                           kernels=table)
@@ -310,9 +329,13 @@ class Expander:
         exact = jnp.asarray(True)
       child_ids = identity.child_identities(graph, ids, new, rs.max_new)
       h, hashed = identity.child_graph_hash(graph, parent_rows, new, child_ids)
-      return cost, exact & ~missing, h, hashed, missing
+      return cost, exact & ~missing, h, hashed, missing, applied & keep
 
-    c, exact, hashes, hashed, missing = jax.vmap(one)(children)
+    chunk = bucket_chunk(size)
+    if chunk == size:
+      c, exact, hashes, hashed, missing, ok = jax.vmap(one)((plans, used))
+    else:
+      c, exact, hashes, hashed, missing, ok = jax.lax.map(one, (plans, used), batch_size=chunk)
     slot = jnp.where(ok, idx, a)  # unused or refused bucket slots scatter nowhere
     valid = jnp.zeros([a], bool).at[slot].set(ok, mode="drop")
     cost = jnp.full([a], jnp.inf, jnp.float32).at[slot].set(
