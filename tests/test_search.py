@@ -140,7 +140,7 @@ def test_bucketed_expansion_equals_each_candidate_alone_on_a_zoo_model(monkeypat
   with the full (unpruned) cost model; the built child is the graph `apply_at` makes. The
   incremental cost covers only 1 changed slot here, so its fallback (the child costed again
   alone) is exercised; its exact path is checked by the rewrite walks of test_rules. The bucket
-  runs in chunks (`BUCKET_CHUNK` = 4: a bucket of 15 in five chunks of 3)."""
+  runs in chunks (`BUCKET_CHUNK` = 4: its bucket of 30 in ten chunks of 3)."""
   from xrlflow_jax import models  # pylint: disable=g-import-not-at-top
   from xrlflow_jax.cost import incremental  # pylint: disable=g-import-not-at-top
   monkeypatch.setattr(search.expand, "MIN_BUCKET", 10)  # buckets 10, 15, 20, 30, ...
