@@ -186,9 +186,9 @@ class RuleSet:
   def build(self, graph: layout.Graph, plan: edit_lib.Edit, keep: jax.Array
             ) -> tuple[layout.Graph, jax.Array]:
     """(graph after `plan`, applied): the plan completed by the shared shape rules and applied
-    by the shared edit kernel where `keep`, else `graph` unchanged. vmap it over the plans of
-    `candidate_edits`: the shape rules and the edit kernel, the expensive part, then run once
-    per candidate."""
+    by the shared edit kernel where `keep`, else `graph` unchanged (and applied False). vmap it
+    over the plans of `candidate_edits`: the shape rules and the edit kernel, the expensive
+    part, then run once per candidate."""
     n = layout.capacity(graph)
     edit = edit_lib.neutralize(edit_lib.complete(graph, plan), keep, n)
     return edit_lib.apply_edit(graph, edit)
@@ -207,7 +207,7 @@ class RuleSet:
     """
     plans, index, used = self.candidate_edits(graph, nodes, mask, slots)
     graphs, ok = jax.vmap(lambda e, keep: self.build(graph, e, keep))(plans, used)
-    return graphs, index, ok & used
+    return graphs, index, ok  # applied only where used (`build`)
 
   def apply(self, graph: layout.Graph, rule_index: jax.Array, nodes: jax.Array,
             allowed: jax.Array | bool = True) -> tuple[layout.Graph, jax.Array]:

@@ -329,10 +329,10 @@ class Expander:
         exact = jnp.asarray(True)
       child_ids = identity.child_identities(graph, ids, new, rs.max_new)
       h, hashed = identity.child_graph_hash(graph, parent_rows, new, child_ids)
-      return cost, exact & ~missing, h, hashed, missing, applied & keep
+      return cost, exact & ~missing, h, hashed, missing, applied  # applied: keep too
 
     chunk = bucket_chunk(size)
-    if chunk == size:
+    if chunk == size:  # one vmap, as before chunking (buckets <= BUCKET_CHUNK measured unchanged)
       c, exact, hashes, hashed, missing, ok = jax.vmap(one)((plans, used))
     else:
       c, exact, hashes, hashed, missing, ok = jax.lax.map(one, (plans, used), batch_size=chunk)
