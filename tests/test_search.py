@@ -6,6 +6,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -20,6 +24,7 @@ from xrlflow_jax.harness import search_benchmark as bench
 from xrlflow_jax.rules import RuleSet
 from xrlflow_jax.rules.library import builtin_rules
 from xrlflow_jax.ops import Op
+from xrlflow_jax.search import api
 from xrlflow_jax.search.policy import _policy_net
 
 # A synthetic cost model (1.0 per MatMul kernel, 1.5 per loop-fusion kernel) on
@@ -36,6 +41,7 @@ _W[cost.FEATURE_NAMES.index("loop.launch")] = 1.5
 COEFFS = cost.CostCoefficients(weights=jnp.asarray(_W), call_ms=jnp.float32(0.0),
                                device_kind="test")
 CAPACITY = 32
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def toy_graph(capacity: int = CAPACITY):
@@ -550,13 +556,73 @@ def test_prepare_compiles_in_the_background_and_changes_nothing(toy, ruleset, ex
   assert [r.to_json() for r in res.rewrites] == [r.to_json() for r in ref.rewrites]
 
 
+def test_a_short_search_compiles_for_a_fast_compile(toy, expander):
+  """`search.optimize` compiles a search of at most `FAST_COMPILE_MAX_EXPANSIONS` expansions
+  (counted from the driver's options and defaults) with XLA:CPU's fast-compile options and a
+  longer one with XLA's defaults, unless told; the result records the choice."""
+  limit = search.expand.FAST_COMPILE_MAX_EXPANSIONS
+  assert api.expected_expansions("taso", {}) == 200 <= limit
+  assert api.expected_expansions("taso", {"budget": limit + 1}) == limit + 1
+  assert api.expected_expansions("beam", {"steps": 3, "beam_width": 5}) == 15
+  assert api.expected_expansions("random", {"num_rollouts": 2, "steps": 3}) == 6
+  assert api.expected_expansions("policy", {}) is None
+  on_cpu = jax.default_backend() == "cpu"
+  assert expander.plan(limit) is on_cpu and expander.plan(limit + 1) is False
+  assert expander.plan(None) is False and expander.plan(1, fast_compile=False) is False
+  assert expander.plan(10**6, fast_compile=True) is on_cpu
+  graph, params = toy
+  res = search.optimize(graph, params, "taso", expander=expander, budget=4, alpha=1.2)
+  assert res.options["fast_compile"] is on_cpu and expander.fast_compile is on_cpu
+  res = search.optimize(graph, params, "greedy", expander=expander, max_steps=2,
+                        fast_compile=False)
+  assert res.options["fast_compile"] is False
+
+
+_TIERS = """
+import json
+import numpy as np
+from tests.test_search import COEFFS, RULES, toy_graph
+from xrlflow_jax import graph as G, search
+from xrlflow_jax.rules import RuleSet
+from xrlflow_jax.rules.library import builtin_rules
+graph, params = toy_graph()
+ex = search.Expander(RuleSet([r for r in builtin_rules() if r.name in RULES], max_locations=4),
+                     COEFFS)
+out = []
+for fast in (False, True):
+  assert ex.plan(fast_compile=fast) == fast
+  exp, children = ex.expand(graph, ex.identities(graph))
+  res = search.taso(graph, params, ex, budget=8, alpha=1.2)
+  out.append({"valid": np.asarray(exp.valid).tolist(), "cost": repr(np.asarray(exp.cost).tolist()),
+              "hashes": children.hashes, "ok": children.ok.tolist(),
+              "children": [G.structural_hash(children.graph(i)) for i in range(len(children.ok))],
+              "best": float(res.best_cost_ms), "rewrites": [r.to_json() for r in res.rewrites]})
+print(json.dumps(out))
+"""
+
+
+def test_both_compile_tiers_compute_the_same(xla_defaults_env):
+  """Compiled with XLA's default code generation (a process without the suite's fast-compile
+  flags) and with `FAST_COMPILE_OPTIONS`, an expansion gives the same candidates, costs (bit
+  for bit), hashes and children, and a search the same rewrites."""
+  done = subprocess.run([sys.executable, "-c", textwrap.dedent(_TIERS)], capture_output=True,
+                        text=True, cwd=ROOT, env=xla_defaults_env, timeout=600, check=False)
+  assert done.returncode == 0, done.stderr[-3000:]
+  default, fast = json.loads(done.stdout.strip().splitlines()[-1])
+  assert sum(default["valid"]) >= 2 and default["rewrites"]
+  assert fast == default
+
+
 def test_expander_compiled_once_per_capacity(toy, expander):
-  """Runs last: every search of this module went through one trace of each function."""
+  """Runs last: every search of this module went through one trace of each function per
+  compile tier (`Expander.plan`: the short searches through `search.optimize` compile for a
+  fast compile, the drivers called directly before them with XLA's defaults)."""
   graph, params = toy
   search.beam(graph, params, expander, beam_width=2, steps=2)
-  assert expander.trace_counts["costs"] == 1
-  assert expander.trace_counts["apply_at"] == 1
-  assert expander.trace_counts["match"] <= 1
+  tiers = expander._tiers.values()  # pylint: disable=protected-access
+  assert all(t.bucket.instances <= 1 and t.apply_at.instances <= 1 and t.match.instances <= 1
+             for t in tiers)
+  assert expander.trace_counts["costs"] == sum(t.bucket.instances for t in tiers) >= 1
 
 
 @pytest.mark.slow  # compiles the expansion of a real model (~30 s on 2 CPU cores)

@@ -43,6 +43,7 @@ from xrlflow_jax.agents.distributions import MaskedCategorical
 from xrlflow_jax.agents.gae import gae
 from xrlflow_jax.agents.networks import Agent, AgentError
 from xrlflow_jax.env import AutoResetWrapper, GraphRewriteEnv, LoggingWrapper, VmapWrapper
+from xrlflow_jax.xla_options import for_cpu
 
 METRICS = (
     "env_steps", "episodes", "episode_return", "episode_length", "episode_best_ratio",
@@ -59,22 +60,12 @@ METRICS = (
 # programs are therefore compiled without them; everything else in the process (graph
 # executables, the cost model's profiles) keeps XLA's defaults.
 CPU_COMPILER_OPTIONS = {"xla_cpu_experimental_ynn_fusion_type": ""}
-_OPTIONS_OK: dict[str, bool] = {}
 
 
 def compiler_options(devices: Sequence[jax.Device] | None = None) -> dict[str, str] | None:
   """XLA options for the learner's jitted programs on `devices` (default: jax.devices()):
   `CPU_COMPILER_OPTIONS` on CPUs whose XLA accepts them, else None (XLA's defaults)."""
-  devices = list(devices) if devices is not None else jax.devices()
-  if not devices or devices[0].platform != "cpu":
-    return None
-  if "cpu" not in _OPTIONS_OK:
-    try:  # an XLA that no longer knows the flag refuses it at compile time
-      jax.jit(lambda x: x + 1, compiler_options=CPU_COMPILER_OPTIONS).lower(1.0).compile()
-      _OPTIONS_OK["cpu"] = True
-    except Exception:  # pylint: disable=broad-except
-      _OPTIONS_OK["cpu"] = False
-  return dict(CPU_COMPILER_OPTIONS) if _OPTIONS_OK["cpu"] else None
+  return for_cpu(CPU_COMPILER_OPTIONS, devices)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -53,6 +53,7 @@ class SearchSpeed:
   warm_seconds: float
   modelled_speedup: float
   rewrites: int
+  fast_compile: bool = False  # the search's functions compiled for a fast compile (`plan`)
 
   @property
   def warm_expansions_per_s(self) -> float:
@@ -90,20 +91,22 @@ def time_search(label: str, graph: layout.Graph, params: ParamStore, *, method: 
       median_candidates=float(np.median(expander.stats.candidates)),
       buckets=tuple(sorted(expander.stats.buckets)), cold_seconds=cold_s,
       compile_seconds=compile_s, warm_seconds=warm_s,
-      modelled_speedup=warm.modelled_speedup, rewrites=len(warm.rewrites))
+      modelled_speedup=warm.modelled_speedup, rewrites=len(warm.rewrites),
+      fast_compile=bool(warm.options.get("fast_compile", False)))
 
 
 def markdown(rows: list[SearchSpeed]) -> str:
   """A markdown table of `rows`."""
   out = ["| model | nodes | capacity | rules | expansions | valid candidates (median) | "
          "buckets | cold (s) | of which compile (s) | warm (s) | warm expansions/s | "
-         "TASO expansions/s | modelled speedup | rewrites |",
-         "|---|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
+         "TASO expansions/s | modelled speedup | rewrites | code |",
+         "|---|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---|"]
   for r in rows:
     taso = r.taso_expansions_per_s
     out.append(
         f"| {r.label} | {r.nodes} | {r.capacity} | {r.rules} | {r.expansions} | "
         f"{r.median_candidates:.0f} | {','.join(map(str, r.buckets))} | {r.cold_seconds:.1f} | "
         f"{r.compile_seconds:.1f} | {r.warm_seconds:.2f} | {r.warm_expansions_per_s:.1f} | "
-        f"{taso if taso is not None else '-'} | {r.modelled_speedup:.4f} | {r.rewrites} |")
+        f"{taso if taso is not None else '-'} | {r.modelled_speedup:.4f} | {r.rewrites} | "
+        f"{'fast compile' if r.fast_compile else 'fastest'} |")
   return "\n".join(out)

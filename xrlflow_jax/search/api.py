@@ -5,6 +5,8 @@ from __future__ import annotations
 import inspect
 from typing import Any, Callable
 
+import numpy as np
+
 from xrlflow_jax import compilation_cache
 from xrlflow_jax.cost import calibrate
 from xrlflow_jax.cost import model as cost_model
@@ -62,11 +64,26 @@ def get_expander(ruleset: RuleSet, coeffs: cost_model.CostCoefficients,
   return _EXPANDERS.get((ruleset, coeffs, kernels), lambda: Expander(ruleset, coeffs, kernels))
 
 
+def expected_expansions(method: str, options: dict[str, Any]) -> int | None:
+  """The most graphs `method` expands with `options` (its defaults where not given): taso's
+  budget, greedy's max_steps, beam's steps x beam_width, random's num_rollouts x steps; None
+  where unbounded or unknown (policy without steps)."""
+  params = inspect.signature(DRIVERS[method]).parameters
+  get = lambda name: options.get(name, params[name].default if name in params else None)
+  counts = {"taso": ("budget",), "greedy": ("max_steps",), "beam": ("steps", "beam_width"),
+            "random": ("num_rollouts", "steps"), "policy": ("steps",)}[method]
+  values = [get(name) for name in counts]
+  if any(v is None for v in values):
+    return None
+  return int(np.prod([int(v) for v in values]))
+
+
 def optimize(graph: layout.Graph, params: ParamStore, method: str = "taso",
              ruleset: RuleSet | None = None, coeffs: cost_model.CostCoefficients | None = None,
              *, expander: Expander | None = None, kernels: KernelTimes | None = None,
              measure: bool = False, seed: int = 0,
-             measure_options: dict[str, Any] | None = None, **options: Any) -> SearchResult:
+             measure_options: dict[str, Any] | None = None, fast_compile: bool | None = None,
+             **options: Any) -> SearchResult:
   """Searches for a faster graph with `method` and returns a guarded SearchResult.
 
   Args:
@@ -92,6 +109,10 @@ def optimize(graph: layout.Graph, params: ParamStore, method: str = "taso",
       `measure.compare` (rounds, repeats_per_round, warmup, min_round_ms, backend, seed,
       precision), checked
       first.
+    fast_compile: compile the search's functions for a fast compile rather than the fastest
+      code (XLA:CPU only, `Expander.plan`); None: when the search expands at most
+      `expand.FAST_COMPILE_MAX_EXPANSIONS` graphs (`expected_expansions`). Recorded in the
+      result's options.
     **options: the method's settings (see the package docstring), e.g. budget=, alpha= (taso),
       beam_width=, steps= (beam), agent=, network_params= (policy).
   Raises:
@@ -123,6 +144,7 @@ def optimize(graph: layout.Graph, params: ParamStore, method: str = "taso",
     if missing:
       raise SearchError(f"method 'policy' needs {' and '.join(m + '=' for m in missing)}")
   compilation_cache.enable()
+  expander.plan(expected_expansions(method, options), fast_compile=fast_compile)
   expander.prepare(graph)  # compiles in the background while the driver starts
   compiled_before = expander.stats.compile_seconds
   kernel_before = expander.stats.kernel_seconds
@@ -133,6 +155,7 @@ def optimize(graph: layout.Graph, params: ParamStore, method: str = "taso",
     expander.drain()
   result.options["compile_seconds"] = expander.stats.compile_seconds - compiled_before
   result.options["rules"] = len(expander.ruleset)
+  result.options["fast_compile"] = expander.fast_compile
   if expander.kernels is not None:
     result.options["kernel_seconds"] = expander.stats.kernel_seconds - kernel_before
     result.options["kernels"] = len(expander.kernels)

@@ -9,6 +9,7 @@ from typing import Any, Callable, Sequence
 import concurrent.futures
 import contextvars
 import dataclasses
+import functools
 import time
 
 import chex
@@ -16,7 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from xrlflow_jax import trace_cache
+from xrlflow_jax import trace_cache, xla_options
 from xrlflow_jax.cost import incremental
 from xrlflow_jax.cost.kernel_table import KernelTimes
 from xrlflow_jax.cost import model as cost_model
@@ -122,6 +123,28 @@ MIN_BUCKET = 64
 # 23.8 of 96, 40.6 as 128 + 64 (`lax.map`'s partial last chunk is slow); NasRNN's 384-slot
 # bucket 49.7, 38.1 (64), 33.2 (128).
 BUCKET_CHUNK = 128
+# XLA:CPU options of a short search's functions (`Expander.plan`). Its classic emitters compile
+# the search's matcher and bucket a third faster, and the code runs 10-30% slower (compiled
+# both ways in one process, timed interleaved with a copy; 2-core x86_64, 2026-12-05): tiny
+# SqueezeNet's matcher 8.4 -> 5.4 s and bucket (64) 9.5 -> 7.1 s of compile, 0.56 -> 0.65 and
+# 6.4 -> 7.1 ms a call; BERT-base's matcher 8.6 -> 5.8 s and bucket (256) 17.3 -> 13.9 s,
+# 1.3 -> 1.9 and 26.6 -> 31.8 ms; NasRNN's bucket (384) 14.0 -> 11.4 s, 30.4 -> 37.3 ms. Outputs
+# identical. A search of a few hundred expansions gains more compile time than it loses.
+FAST_COMPILE_OPTIONS = {"xla_cpu_use_fusion_emitters": False}
+# Searches expected to expand at most this many graphs compile with FAST_COMPILE_OPTIONS: up to
+# 200 x 7 ms = 1.4 s slower on BERT-base when every function is already compiled, 5-10 s
+# faster when they are not (the taso driver's default budget is 200).
+FAST_COMPILE_MAX_EXPANSIONS = 200
+
+
+@dataclasses.dataclass(frozen=True)
+class _Compiled:
+  """The search's jitted functions under one set of XLA options (a tier)."""
+  bucket: trace_cache.PersistentJit
+  apply_at: trace_cache.PersistentJit
+  match: trace_cache.PersistentJit
+  identities: trace_cache.PersistentJit
+  graph_hash: trace_cache.PersistentJit
 
 
 @dataclasses.dataclass
@@ -203,7 +226,9 @@ class Expander:
 
   Each jitted function has one instance per graph capacity (N, K) and bucket size, so a search
   compiles a few (`trace_counts` counts them); they are `trace_cache.PersistentJit`s, so a
-  later process loads what this one traced instead of tracing it again.
+  later process loads what this one traced instead of tracing it again. A short search
+  compiles them for a fast compile instead of the fastest code (`plan`: a separate set of
+  instances, the same outputs).
 
   With `kernels`, MatMuls and convolutions cost their measured time (`cost.kernel_table`): an
   expanded or costed graph with a kernel the table does not have (the jitted cost says so) has
@@ -222,15 +247,55 @@ class Expander:
     self._names = tuple(ruleset.names)
     self.coeffs = coeffs
     self.kernels = kernels
-    closure = (ruleset, coeffs)  # what the traced bodies close over (part of the disk key)
-    jit = trace_cache.PersistentJit
-    self._bucket = jit(self._bucket_impl, "search.bucket", closure, static_argnames=("size",))
-    self._apply_at = jit(self._apply_at_impl, "search.apply_at", closure)
-    self._match = jit(self._match_impl, "search.match", closure)
-    self._identities = jit(self._identities_impl, "search.identities")
-    self._graph_hash = jit(identity.graph_hash, "search.graph_hash")
+    self._tiers = {False: self._compiled(None), True: self._compiled(FAST_COMPILE_OPTIONS)}
+    self.fast_compile = False  # the tier in use (`plan`)
     self.stats = ExpanderStats()
     self._pending: list[concurrent.futures.Future] = []
+
+  def _compiled(self, options: dict[str, Any] | None) -> _Compiled:
+    closure = (self.ruleset, self.coeffs)  # what the traced bodies close over (the disk key)
+    jit = functools.partial(trace_cache.PersistentJit, compiler_options=options)
+    return _Compiled(
+        bucket=jit(self._bucket_impl, "search.bucket", closure, static_argnames=("size",)),
+        apply_at=jit(self._apply_at_impl, "search.apply_at", closure),
+        match=jit(self._match_impl, "search.match", closure),
+        identities=jit(self._identities_impl, "search.identities"),
+        graph_hash=jit(identity.graph_hash, "search.graph_hash"))
+
+  def plan(self, expansions: int | None = None, *, fast_compile: bool | None = None) -> bool:
+    """Chooses how the next calls compile (before `prepare`): for a fast compile
+    (`FAST_COMPILE_OPTIONS`) when `fast_compile`, or, when that is None, when the search is
+    expected to expand at most `FAST_COMPILE_MAX_EXPANSIONS` graphs; otherwise with XLA's
+    defaults (fastest code). Only on XLA:CPU (elsewhere, and on an XLA that refuses the
+    options, always XLA's defaults). Every tier computes the same outputs. Returns the choice."""
+    if fast_compile is None:
+      fast_compile = expansions is not None and expansions <= FAST_COMPILE_MAX_EXPANSIONS
+    self.fast_compile = bool(fast_compile) and xla_options.for_cpu(FAST_COMPILE_OPTIONS) is not None
+    return self.fast_compile
+
+  @property
+  def _functions(self) -> _Compiled:
+    return self._tiers[self.fast_compile]
+
+  @property
+  def _bucket(self) -> trace_cache.PersistentJit:
+    return self._functions.bucket
+
+  @property
+  def _apply_at(self) -> trace_cache.PersistentJit:
+    return self._functions.apply_at
+
+  @property
+  def _match(self) -> trace_cache.PersistentJit:
+    return self._functions.match
+
+  @property
+  def _identities(self) -> trace_cache.PersistentJit:
+    return self._functions.identities
+
+  @property
+  def _graph_hash(self) -> trace_cache.PersistentJit:
+    return self._functions.graph_hash
 
   def prepare(self, graph: layout.Graph) -> None:
     """Starts compiling, in background threads, the functions every search of `graph`'s
@@ -263,9 +328,10 @@ class Expander:
   def trace_counts(self) -> dict[str, int]:
     """Compiled instances of each jitted function: traced in this process, or loaded from the
     trace cache (`trace_cache`); one per capacity (and bucket size) is the goal."""
-    return {"costs": self._bucket.instances, "apply_at": self._apply_at.instances,
-            "match": self._match.instances,
-            "identities": self._identities.instances, "graph_hash": self._graph_hash.instances}
+    tiers = self._tiers.values()
+    return {name: sum(getattr(t, attr).instances for t in tiers)
+            for name, attr in (("costs", "bucket"), ("apply_at", "apply_at"), ("match", "match"),
+                               ("identities", "identities"), ("graph_hash", "graph_hash"))}
 
   def _call(self, fn, *args, **kwargs):
     """Calls a jitted function; a call that made a new instance (traced, or loaded from the
