@@ -299,8 +299,8 @@ class Expander:
 
   def prepare(self, graph: layout.Graph) -> None:
     """Starts compiling, in background threads, the functions every search of `graph`'s
-    capacity needs before its first bucket (the match first, then the child rebuild,
-    identities and hash): XLA compiles one while Python traces the next, so a cold search
+    capacity needs before its first bucket (the match first, then the identities, hash and
+    child rebuild): XLA compiles one while Python traces the next, so a cold search
     waits for the longest of them instead of their sum. Calls wait for what they need; the
     first expansion, and any kernel measurement, waits for all of it (nothing compiles
     beside a timing). A graph the drivers would refuse is left to them."""
@@ -313,8 +313,10 @@ class Expander:
     rule = jax.ShapeDtypeStruct((), jnp.int32)
     nodes = jax.ShapeDtypeStruct((self.ruleset.num_bound,), jnp.int32)
     table = self._kernel_table()
-    jobs = [(self._match, (graph, table)), (self._apply_at, (graph, ids, rule, nodes)),
-            (self._identities, (graph,)), (self._graph_hash, (graph, ids))]
+    # The match (the longest) in one thread; the input's identities and hash, which a search
+    # needs first and which compile in a fraction of a second, before the child rebuild.
+    jobs = [(self._match, (graph, table)), (self._identities, (graph,)),
+            (self._graph_hash, (graph, ids)), (self._apply_at, (graph, ids, rule, nodes))]
     self._pending += [_BACKGROUND.submit(contextvars.copy_context().run, fn.prepare, *args)
                       for fn, args in jobs]  # in this thread's context (precision scope)
 
