@@ -244,11 +244,16 @@ def _const_total(base: CostBase, parent: layout.Graph, child: layout.Graph, d: j
   valid = ins >= 0
   safe = jnp.maximum(ins, 0)
   local = where_dirty[safe]  # [D, K]: position among the dirty slots, -1 if not dirty
-  rounds = [own]
-  for r in range(1, base.hashes.shape[0]):
-    prev = jnp.where(local >= 0, rounds[-1][jnp.maximum(local, 0)], base.hashes[r - 1][safe])
-    rounds.append(model.hash_round(own, prev, valid))
-  moved = jnp.any(jnp.stack(rounds) != base.hashes[:, rows], axis=0)  # [D]
+
+  def one_round(h: jax.Array, parent_round: jax.Array) -> tuple[jax.Array, jax.Array]:
+    prev = jnp.where(local >= 0, h[jnp.maximum(local, 0)], parent_round[safe])
+    h = model.hash_round(own, prev, valid)
+    return h, h
+
+  # A scan, as `model.constant_hash_rounds` (unrolled, XLA repeats `own`'s mix in each gather).
+  _, later = jax.lax.scan(one_round, own, base.hashes[:-1])  # rounds 1..H of the dirty slots
+  rounds = jnp.concatenate([own[None], later])  # [H + 1, D]
+  moved = jnp.any(rounds != base.hashes[:, rows], axis=0)  # [D]
   spreads = used & c["alive"][rows] & c["is_constant"][rows] & moved & base.const_read[rows]
   # Reads by live computed nodes: the parent's, less the dirty readers' edges before, plus
   # their edges after.
