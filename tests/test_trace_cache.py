@@ -200,10 +200,10 @@ print(json.dumps({"cost": float(res.best_cost_ms), "rewrites": [r.to_json() for 
                   "costs": np.asarray(exp.cost)[valid].tolist(), "hashes": children.hashes,
                   "children": [trace_cache.fingerprint(children.child(i))
                                for i in range(len(children.actions))],
-                  "traces": sum(f.traces for f in (expander._bucket, expander._match,
-                                                    expander._apply_at)),
-                  "loads": sum(f.loads for f in (expander._bucket, expander._match,
-                                                  expander._apply_at)),
+                  "traces": sum(f.traces for f in (expander._fn.bucket, expander._fn.match,
+                                                    expander._fn.apply_at)),
+                  "loads": sum(f.loads for f in (expander._fn.bucket, expander._fn.match,
+                                                  expander._fn.apply_at)),
                   "rules": trace_cache.fingerprint(rules), "n": len(rules)}))
 """
 

@@ -274,28 +274,9 @@ class Expander:
     return self.fast_compile
 
   @property
-  def _functions(self) -> _Compiled:
+  def _fn(self) -> _Compiled:
+    """The jitted functions of the tier in use."""
     return self._tiers[self.fast_compile]
-
-  @property
-  def _bucket(self) -> trace_cache.PersistentJit:
-    return self._functions.bucket
-
-  @property
-  def _apply_at(self) -> trace_cache.PersistentJit:
-    return self._functions.apply_at
-
-  @property
-  def _match(self) -> trace_cache.PersistentJit:
-    return self._functions.match
-
-  @property
-  def _identities(self) -> trace_cache.PersistentJit:
-    return self._functions.identities
-
-  @property
-  def _graph_hash(self) -> trace_cache.PersistentJit:
-    return self._functions.graph_hash
 
   def prepare(self, graph: layout.Graph) -> None:
     """Starts compiling, in background threads, the functions every search of `graph`'s
@@ -315,8 +296,8 @@ class Expander:
     table = self._kernel_table()
     # The match (the longest) in one thread; the input's identities and hash, which a search
     # needs first and which compile in a fraction of a second, before the child rebuild.
-    jobs = [(self._match, (graph, table)), (self._identities, (graph,)),
-            (self._graph_hash, (graph, ids)), (self._apply_at, (graph, ids, rule, nodes))]
+    jobs = [(self._fn.match, (graph, table)), (self._fn.identities, (graph,)),
+            (self._fn.graph_hash, (graph, ids)), (self._fn.apply_at, (graph, ids, rule, nodes))]
     self._pending += [_BACKGROUND.submit(contextvars.copy_context().run, fn.prepare, *args)
                       for fn, args in jobs]  # in this thread's context (precision scope)
 
@@ -421,7 +402,7 @@ class Expander:
   def _build_child(self, parent: layout.Graph, parent_ids: np.ndarray, rule: int,
                    nodes: np.ndarray) -> tuple[layout.Graph, np.ndarray]:
     """`Children.build`: a candidate rebuilt on the host from its parent."""
-    child, _, ids = self._call(self._apply_at, parent, parent_ids, np.int32(rule), nodes)
+    child, _, ids = self._call(self._fn.apply_at, parent, parent_ids, np.int32(rule), nodes)
     return layout.to_host(child), np.asarray(ids)
 
   # ------------------------------------------------------------------ public
@@ -434,11 +415,11 @@ class Expander:
 
   def identities(self, graph: layout.Graph) -> np.ndarray:
     """uint32[N, 2]: the node identities of a search's input graph (`graph.identity`)."""
-    return np.asarray(self._call(self._identities, graph))
+    return np.asarray(self._call(self._fn.identities, graph))
 
   def graph_hash(self, graph: layout.Graph, ids: Any) -> int:
     """The identity hash of `graph` with node identities `ids` (an int, for `seen` sets)."""
-    return identity.as_ints(np.asarray(self._call(self._graph_hash, graph, ids))[None])[0]
+    return identity.as_ints(np.asarray(self._call(self._fn.graph_hash, graph, ids))[None])[0]
 
   def expand(self, graph: layout.Graph,
              ids: Any | None = None) -> tuple[Expansion, Children]:
@@ -453,17 +434,17 @@ class Expander:
         the `Children.ids` of the expansion that built it); default: computed.
     """
     if ids is None:
-      ids = self._call(self._identities, graph)
+      ids = self._call(self._fn.identities, graph)
     table = self._kernel_table()
-    match, count, current, missing = self._call(self._match, graph, table)
+    match, count, current, missing = self._call(self._fn.match, graph, table)
     if bool(missing):  # a kernel the table does not have: measured, then matched again (the
       # graph's cost from the same call a warm expansion makes, so it rounds the same)
       table = self._measure_kernels(graph)
-      match, count, current, missing = self._call(self._match, graph, table)
+      match, count, current, missing = self._call(self._fn.match, graph, table)
     count = int(count)
     size = bucket_size(count, self.num_actions)
     valid, cost, idx, ok, exact, hashes, hashed, missing = self._call(
-        self._bucket, graph, ids, match, table, size=size)
+        self._fn.bucket, graph, ids, match, table, size=size)
     self.drain()  # nothing compiles in the background past the first expansion
     misses = np.flatnonzero(np.asarray(missing)[:count])
     if misses.size:
@@ -479,7 +460,7 @@ class Expander:
         child, _ = self._build_child(parent, parent_ids, int(a) // self.max_locations, bound)
         table = self._measure_kernels(child)
       valid, cost, idx, ok, exact, hashes, hashed, missing = self._call(
-          self._bucket, graph, ids, match, table, size=size)
+          self._fn.bucket, graph, ids, match, table, size=size)
       self.stats.kernel_recosted += int(misses.size)
     self.stats.candidates.append(count)
     self.stats.buckets.add(size)
@@ -524,7 +505,7 @@ class Expander:
     if nodes.shape[0] < p:
       nodes = np.concatenate([nodes, np.full([p - nodes.shape[0]], -1, np.int32)])
     no_ids = np.zeros([layout.capacity(graph), identity.LANES], np.uint32)
-    new, ok, _ = self._call(self._apply_at, graph, no_ids, np.int32(rule), nodes)
+    new, ok, _ = self._call(self._fn.apply_at, graph, no_ids, np.int32(rule), nodes)
     return new, bool(ok)
 
   def cost(self, graph: layout.Graph) -> float:
@@ -533,9 +514,9 @@ class Expander:
     expansion of `graph` reports as `current`): no function compiles for costing alone (a
     separate one cost a cold job ~5 s of XLA's time for the few graphs a search costs alone:
     checkpoints, seeds, a child the incremental cost cannot cover)."""
-    _, _, cost, missing = self._call(self._match, graph, self._kernel_table())
+    _, _, cost, missing = self._call(self._fn.match, graph, self._kernel_table())
     if bool(missing):
-      _, _, cost, _ = self._call(self._match, graph, self._measure_kernels(graph))
+      _, _, cost, _ = self._call(self._fn.match, graph, self._measure_kernels(graph))
     return float(cost)
 
   def _kernel_table(self) -> cost_model.KernelTable | None:
@@ -553,7 +534,7 @@ class Expander:
 
   def match(self, graph: layout.Graph) -> tuple[np.ndarray, np.ndarray]:
     """(mask bool[R, L], nodes int32[R, L, P]) on the host."""
-    m = self._call(self._match, graph, self._kernel_table())[0]  # its costs are unused here
+    m = self._call(self._fn.match, graph, self._kernel_table())[0]  # its costs are unused here
     return np.array(m.mask), np.array(m.nodes)
 
   def saturate(self, graph: layout.Graph, ids: Any, rule: int, max_steps: int
@@ -568,7 +549,7 @@ class Expander:
     while len(steps) < max_steps:
       mask, nodes = self.match(g)
       for loc in np.flatnonzero(mask[rule]).tolist():
-        new, ok, new_ids = self._call(self._apply_at, g, ids, np.int32(rule), nodes[rule, loc])
+        new, ok, new_ids = self._call(self._fn.apply_at, g, ids, np.int32(rule), nodes[rule, loc])
         if bool(ok):
           steps.append(self.step(rule, loc, nodes[rule, loc]))
           g, ids = layout.to_host(new), np.asarray(new_ids)
