@@ -55,7 +55,7 @@ def _run(site: Path, code: str, cwd: Path, timeout: int = 600) -> subprocess.Com
 
 CORE = ("ops", "graph", "executor.py", "models", "onnx_io", "rules", "env", "cost", "agents",
         "search", "workflow", "measure.py", "errors.py", "compilation_cache.py",
-        "trace_cache.py")
+        "trace_cache.py", "xla_options.py")
 # Command lines inside the core may use the layer above: `python -m xrlflow_jax.cost fit`
 # calibrates on rewritten variants drawn by the harness's walker.
 CORE_MAINS = ("cost/__main__.py",)
