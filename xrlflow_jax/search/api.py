@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import inspect
+import math
 from typing import Any, Callable
-
-import numpy as np
 
 from xrlflow_jax import compilation_cache
 from xrlflow_jax.cost import calibrate
@@ -75,7 +74,7 @@ def expected_expansions(method: str, options: dict[str, Any]) -> int | None:
   values = [get(name) for name in counts]
   if any(v is None for v in values):
     return None
-  return int(np.prod([int(v) for v in values]))
+  return math.prod(int(v) for v in values)
 
 
 def optimize(graph: layout.Graph, params: ParamStore, method: str = "taso",
