@@ -339,3 +339,41 @@ def test_the_persistent_cache_keeps_executables_that_compile_in_milliseconds(tmp
   assert value_1 == value_2
   assert int(hits_1) == 0 and int(hits_2) >= 1
   assert [p for p in tmp_path.iterdir() if p.name != trace_cache.SUBDIR]
+
+
+def test_output_shapes_trace_without_compiling_and_a_call_waits_for_compile_in(cache_dir,
+                                                                              monkeypatch):
+  """`output_shapes` makes the instance (its output's shapes, nothing compiled); `compile_in`
+  compiles it in another thread, and a call meanwhile waits for that compile instead of
+  compiling the function again; a second `compile_in` has nothing to do."""
+  import concurrent.futures  # pylint: disable=g-import-not-at-top
+  import threading  # pylint: disable=g-import-not-at-top
+  import time  # pylint: disable=g-import-not-at-top
+  events, started = [], threading.Event()
+  real = trace_cache.PersistentJit._compile  # pylint: disable=protected-access
+
+  def slow_compile(entry, specs):
+    events.append("compile")
+    started.set()
+    time.sleep(0.5)
+    real(entry, specs)
+    events.append("compiled")
+  monkeypatch.setattr(trace_cache.PersistentJit, "_compile", staticmethod(slow_compile))
+  for persist in (True, False):
+    events.clear()
+    started.clear()
+    f = trace_cache.PersistentJit(lambda x: {"y": jnp.cumsum(x) * 2, "n": x.sum()},
+                                  f"test.compile_in_{persist}", persist=persist)
+    spec = jax.ShapeDtypeStruct((5,), jnp.float32)
+    shapes = f.output_shapes(spec)
+    assert shapes == jax.eval_shape(lambda x: {"y": jnp.cumsum(x) * 2, "n": x.sum()}, spec)
+    assert f.instances == 1 and not events
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+      future = f.compile_in(pool, spec)
+      started.wait(5)
+      out = f(np.arange(5, dtype=np.float32))
+      assert events == ["compile", "compiled"]  # the call waited for the compile
+      future.result()
+      assert f.compile_in(pool, spec) is None
+    np.testing.assert_array_equal(out["y"], np.cumsum(np.arange(5)) * 2)
+    assert f.instances == 1 and f.first_calls == 1

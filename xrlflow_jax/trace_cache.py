@@ -28,6 +28,8 @@ off whenever the compilation cache is off.
 from __future__ import annotations
 
 import collections
+import concurrent.futures
+import contextvars
 import dataclasses
 import enum
 import functools
@@ -294,13 +296,18 @@ def _spec(leaf: Any) -> jax.ShapeDtypeStruct:
   return jax.ShapeDtypeStruct(aval.shape, aval.dtype, weak_type=aval.weak_type)
 
 
-@dataclasses.dataclass
 class _Entry:
   """One instance of a PersistentJit: a callable over flat leaves (`jitted`, or its compiled
-  executable once `prepare` compiled it) and the output's tree structure."""
-  call: Callable[..., Sequence[Any]]
-  out_tree: Any
-  jitted: Callable[..., Sequence[Any]]
+  executable once `prepare` compiled it), the output's tree structure and flat shapes."""
+
+  def __init__(self, jitted: Callable[..., Sequence[Any]], out_tree: Any,
+               out_leaves: Sequence[jax.ShapeDtypeStruct]):
+    self.jitted = jitted
+    self.call = jitted
+    self.out_tree = out_tree
+    self.out_leaves = tuple(out_leaves)
+    self.ready: threading.Event | None = None  # set once a claimed compile ended
+    self.called = False
 
   @property
   def compiled(self) -> bool:
@@ -338,6 +345,7 @@ class PersistentJit:
     self.persist = persist
     self.traces = 0
     self.loads = 0
+    self.first_calls = 0  # calls that were an instance's first (its compile, or its wait)
     self._entries: dict[Any, _Entry] = {}
     self._lock = threading.Lock()
     self._closure_key: str | None | bool = False  # False: not computed yet; None: untrusted
@@ -349,36 +357,81 @@ class PersistentJit:
 
   def __call__(self, *args: Any, **static: Any) -> Any:
     entry, leaves = self._entry(args, static)
+    if not entry.called:  # compiled here, or waited for `prepare`'s compile, or loaded
+      entry.called = True
+      self.first_calls += 1
     return jax.tree_util.tree_unflatten(entry.out_tree, entry.call(*leaves))
 
   def prepare(self, *args: Any, **static: Any) -> None:
     """Makes and compiles the instance for these arguments (arrays or `jax.ShapeDtypeStruct`s)
     without running it: what a background thread does while another one traces (XLA compiles
-    without holding Python's lock)."""
-    entry, _ = self._entry(args, static, compile_now=True)
-    del entry
+    without holding Python's lock). A call meanwhile waits for the compile instead of starting
+    its own."""
+    entry, specs = self._claim(args, static)
+    if entry is not None:
+      self._compile(entry, specs)
 
-  def _entry(self, args: tuple[Any, ...], static: dict[str, Any], compile_now: bool = False
-             ) -> tuple[_Entry, list[Any]]:
+  def compile_in(self, executor: concurrent.futures.Executor, *args: Any, **static: Any
+                 ) -> concurrent.futures.Future | None:
+    """Makes the instance here (traced, or loaded from the disk) and compiles it in `executor`
+    (in this thread's context); calls meanwhile wait for that compile. None when it is
+    compiled, or being compiled, already."""
+    entry, specs = self._claim(args, static)
+    if entry is None:
+      return None
+    return executor.submit(contextvars.copy_context().run, self._compile, entry, specs)
+
+  def _claim(self, args: tuple[Any, ...], static: dict[str, Any]
+             ) -> tuple[_Entry | None, tuple[jax.ShapeDtypeStruct, ...]]:
+    """The instance, claimed for one compile (None: compiled or claimed already)."""
+    entry, leaves = self._entry(args, static)
+    with self._lock:
+      if entry.compiled or entry.ready is not None:
+        return None, ()
+      entry.ready = threading.Event()
+    return entry, tuple(_spec(x) for x in leaves)
+
+  @staticmethod
+  def _compile(entry: _Entry, specs: tuple[jax.ShapeDtypeStruct, ...]) -> None:
+    try:
+      entry.call = entry.jitted.lower(*specs).compile()
+    finally:  # a failed compile leaves the jitted function, whose call raises the error
+      entry.ready.set()
+
+  def output_shapes(self, *args: Any, **static: Any) -> Any:
+    """The output's tree of `jax.ShapeDtypeStruct`s for these arguments: makes the instance
+    (traced, or loaded from the disk) without compiling it, so a thread can trace the next
+    function on these outputs while XLA compiles this one."""
+    entry, _ = self._entry(args, static)
+    return jax.tree_util.tree_unflatten(entry.out_tree, entry.out_leaves)
+
+  def _split(self, args: tuple[Any, ...], static: dict[str, Any]
+             ) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """(traced arguments, static arguments by name or "#position")."""
     unknown = set(static) - set(self.static_argnames)
     if unknown:
       raise TypeError(f"{self.name}: unknown static argument(s) {sorted(unknown)}")
     if self.static_argnums:
       static = {**static, **{f"#{i}": args[i] for i in self.static_argnums}}
       args = tuple(a for i, a in enumerate(args) if i not in self.static_argnums)
+    return args, static
+
+  def _entry(self, args: tuple[Any, ...], static: dict[str, Any]
+             ) -> tuple[_Entry, list[Any]]:
+    args, static = self._split(args, static)
     leaves, in_tree = jax.tree_util.tree_flatten(args)
     local = (tuple(sorted(static.items())), in_tree, tuple(_leaf_key(x) for x in leaves),
              _options())
     entry = self._entries.get(local)
-    if entry is None or (compile_now and not entry.compiled):
+    if entry is None:
       specs = tuple(_spec(x) for x in leaves)
       with self._lock:  # one thread makes an instance; a caller meanwhile waits for it
         entry = self._entries.get(local)
         if entry is None:
           entry = self._instance(in_tree, specs, static)
-        if compile_now and not entry.compiled:
-          entry = _Entry(entry.jitted.lower(*specs).compile(), entry.out_tree, entry.jitted)
-        self._entries[local] = entry
+          self._entries[local] = entry
+    if entry.ready is not None and not entry.compiled:
+      entry.ready.wait()  # another thread is compiling it (`prepare`, `compile_in`)
     _touch(self, local)
     return entry, leaves
 
@@ -418,8 +471,8 @@ class PersistentJit:
     if folder is None or closure is None:  # an ordinary jit
       self.traces += 1
       jitted = jit(self._flat(in_tree, static, box))
-      jax.eval_shape(jitted, *specs)  # traces once (the output's tree); jit reuses the trace
-      return _Entry(jitted, box["out_tree"], jitted)
+      out = jax.eval_shape(jitted, *specs)  # traces once (the output's tree); jit reuses it
+      return _Entry(jitted, box["out_tree"], out)
     key = hashlib.sha256("\x00".join(
         (*_environment(), *_options(), self.name, closure, repr(sorted(static.items())),
          repr(sorted((self.compiler_options or {}).items())),
@@ -438,7 +491,8 @@ class PersistentJit:
     call = functools.partial(exported.call)
     call.__name__ = call.__qualname__ = self.name.replace(".", "_")  # type: ignore[attr-defined]
     jitted = jit(call)
-    return _Entry(jitted, out_tree, jitted)
+    return _Entry(jitted, out_tree, [jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type)
+                                     for a in exported.out_avals])
 
 
 _LIVE: collections.OrderedDict[tuple[int, Any], "PersistentJit"] = collections.OrderedDict()

@@ -105,6 +105,11 @@ class KernelTimes:
         out[key] = bare_kernel(node_signature(g, table, int(v)))
     return out
 
+  def needs_timing(self, graph: layout.Graph) -> bool:
+    """Whether `add(graph)` would time a kernel: one the table lacks that the profiler's cache
+    does not hold either."""
+    return any(self.profiler.cache.get(sig.key) is None for sig in self.missing(graph).values())
+
   def add(self, graph: layout.Graph) -> int:
     """Measures the graph's kernels the table does not have; returns how many were new to it
     (served from the profiler's cache or measured now)."""

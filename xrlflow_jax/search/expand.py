@@ -10,6 +10,7 @@ import concurrent.futures
 import contextvars
 import dataclasses
 import functools
+import threading
 import time
 
 import chex
@@ -228,7 +229,8 @@ class Expander:
   compiles a few (`trace_counts` counts them); they are `trace_cache.PersistentJit`s, so a
   later process loads what this one traced instead of tracing it again. A short search
   compiles them for a fast compile instead of the fastest code (`plan`: a separate set of
-  instances, the same outputs).
+  instances, the same outputs) and has one bucket size, called on consecutive windows of the
+  candidates (`bucket_plan`), which `prepare` compiles beside the match.
 
   With `kernels`, MatMuls and convolutions cost their measured time (`cost.kernel_table`): an
   expanded or costed graph with a kernel the table does not have (the jitted cost says so) has
@@ -251,6 +253,7 @@ class Expander:
     self.fast_compile = False  # the tier in use (`plan`)
     self.stats = ExpanderStats()
     self._pending: list[concurrent.futures.Future] = []
+    self._pending_lock = threading.Lock()
 
   def _compiled(self, options: dict[str, Any] | None) -> _Compiled:
     closure = (self.ruleset, self.coeffs)  # what the traced bodies close over (the disk key)
@@ -280,32 +283,66 @@ class Expander:
 
   def prepare(self, graph: layout.Graph) -> None:
     """Starts compiling, in background threads, the functions every search of `graph`'s
-    capacity needs before its first bucket (the match first, then the identities, hash and
-    child rebuild): XLA compiles one while Python traces the next, so a cold search
-    waits for the longest of them instead of their sum. Calls wait for what they need; the
-    first expansion, and any kernel measurement, waits for all of it (nothing compiles
-    beside a timing). A graph the drivers would refuse is left to them."""
+    capacity needs: one thread traces the match, hands its compile to a second thread (XLA
+    compiles without holding Python's lock), then makes the input's identities and hash and,
+    for a short search (`plan`), traces and compiles its one bucket on the match's output
+    shapes (`bucket_plan`), so the bucket compiles beside the match instead of after it; the
+    child rebuild last. Calls wait for what they need; the first expansion, and any kernel
+    measurement, waits for all of it (nothing compiles beside a timing). A graph the drivers
+    would refuse is left to them."""
     try:
       graph = check_graph(graph, self.ruleset)
     except SearchError:
       return
     n = layout.capacity(graph)
     ids = jax.ShapeDtypeStruct((n, identity.LANES), jnp.uint32)
-    rule = jax.ShapeDtypeStruct((), jnp.int32)
+    scalar = jax.ShapeDtypeStruct((), jnp.int32)
     nodes = jax.ShapeDtypeStruct((self.ruleset.num_bound,), jnp.int32)
     table = self._kernel_table()
-    # The match (the longest) in one thread; the input's identities and hash, which a search
-    # needs first and which compile in a fraction of a second, before the child rebuild.
-    jobs = [(self._fn.match, (graph, table)), (self._fn.identities, (graph,)),
-            (self._fn.graph_hash, (graph, ids)), (self._fn.apply_at, (graph, ids, rule, nodes))]
-    self._pending += [_BACKGROUND.submit(contextvars.copy_context().run, fn.prepare, *args)
-                      for fn, args in jobs]  # in this thread's context (precision scope)
+    fn = self._fn
+    one_bucket = self.bucket_plan(1)[0] if self.fast_compile else None
+    context = contextvars.copy_context()  # this thread's context (precision scope)
+
+    def pipeline() -> None:  # traces here; each compile goes to the other thread, in order
+      compile_in = lambda f, *args, **static: self._add_pending(
+          f.compile_in(_BACKGROUND, *args, **static))
+      compile_in(fn.identities, graph)  # needed first, and compiled in a fraction of a second
+      compile_in(fn.graph_hash, graph, ids)
+      match = fn.match.output_shapes(graph, table)[0]
+      compile_in(fn.match, graph, table)
+      if one_bucket is not None:
+        compile_in(fn.bucket, graph, ids, match, table, scalar, size=one_bucket)
+      compile_in(fn.apply_at, graph, ids, scalar, nodes)
+
+    self._add_pending(_BACKGROUND.submit(context.run, pipeline))
+
+  def _add_pending(self, future: concurrent.futures.Future | None) -> None:
+    if future is not None:
+      with self._pending_lock:
+        self._pending.append(future)
 
   def drain(self) -> None:
-    """Waits for the background compiles `prepare` started (their errors are left to the
-    calls that need them)."""
-    pending, self._pending = self._pending, []
-    concurrent.futures.wait(pending)
+    """Waits for the background compiles `prepare` started, and those they started (their
+    errors are left to the calls that need them); the wait is charged to
+    `stats.compile_seconds`."""
+    t = time.perf_counter()
+    while True:
+      with self._pending_lock:
+        pending, self._pending = self._pending, []
+      if not pending:
+        break
+      concurrent.futures.wait(pending)
+    self.stats.compile_seconds += time.perf_counter() - t
+
+  def bucket_plan(self, count: int) -> tuple[int, int]:
+    """(bucket size, calls) for `count` valid candidates: a search compiled for a fast compile
+    (`plan`) has one bucket size, `bucket_size(1)`, called on consecutive windows of the
+    candidates, so it compiles one bucket (in `prepare`, beside the match); otherwise one call
+    of `bucket_size(count)`, a few sizes compiled for the fastest expansions."""
+    if self.fast_compile:
+      size = bucket_size(1, self.num_actions)
+      return size, max(1, -(-count // size))
+    return bucket_size(count, self.num_actions), 1
 
   @property
   def trace_counts(self) -> dict[str, int]:
@@ -316,14 +353,19 @@ class Expander:
             for name, attr in (("costs", "bucket"), ("apply_at", "apply_at"), ("match", "match"),
                                ("identities", "identities"), ("graph_hash", "graph_hash"))}
 
+  def _first_calls(self) -> int:
+    return sum(getattr(t, f.name).first_calls for t in self._tiers.values()
+               for f in dataclasses.fields(_Compiled))
+
   def _call(self, fn, *args, **kwargs):
-    """Calls a jitted function; a call that made a new instance (traced, or loaded from the
-    trace cache) is charged to `stats.compile_seconds` (that, then compiling or loading from the
-    persistent compilation cache, and one run)."""
-    before = sum(self.trace_counts.values())
+    """Calls a jitted function; an instance's first call (traced, or loaded from the trace
+    cache, here or by `prepare` in the background) is charged to `stats.compile_seconds`
+    (that, then compiling or loading from the persistent compilation cache, or waiting for
+    `prepare`'s compile, and one run)."""
+    before = self._first_calls()
     t = time.perf_counter()
     out = fn(*args, **kwargs)
-    if sum(self.trace_counts.values()) != before:
+    if self._first_calls() != before:
       jax.block_until_ready(out)
       self.stats.compile_seconds += time.perf_counter() - t
     return out
@@ -353,15 +395,17 @@ class Expander:
     return identity.identities(graph)
 
   def _bucket_impl(self, graph: layout.Graph, ids: jax.Array, match: RuleSetMatch,
-                   table: cost_model.KernelTable | None, size: int):
-    """Builds and costs the first `size` valid (rule, location) pairs of `match`."""
+                   table: cost_model.KernelTable | None, offset: jax.Array, size: int):
+    """Builds and costs `size` valid (rule, location) pairs of `match`, from the `offset`-th
+    (int32[]) on."""
     rs = self.ruleset
     n = layout.capacity(graph)
     a = rs.num_actions
     # The valid pairs compacted into the bucket and built there (each rule's plan vmapped over
     # its locations, then gathered, not a `lax.switch` over the rules under a vmap: that would
     # run every rule's plan for every slot).
-    plans, idx, used = rs.candidate_edits(graph, match.nodes, match.mask, size)  # [B]
+    plans, idx, used = rs.candidate_edits(graph, match.nodes, match.mask, size,
+                                           offset)  # [B]
     incremental_cost = n >= incremental.MIN_CAPACITY
     base = incremental.cost_base(graph, self.coeffs, table) if incremental_cost else None
     parent_rows = identity.row_hashes(graph, ids)
@@ -426,7 +470,8 @@ class Expander:
     """Every candidate of `graph`, costed and hashed: (Expansion, Children).
 
     Two jitted calls: the match (with the graph's own cost and the number C of valid
-    (rule, location) pairs), then one call over a bucket of `bucket_size(C)` slots.
+    (rule, location) pairs), then one call over a bucket of `bucket_size(C)` slots (a short
+    search: ceil(C / B) calls of its one bucket of B slots, `bucket_plan`).
 
     Args:
       graph: one graph of capacity N.
@@ -442,9 +487,9 @@ class Expander:
       table = self._measure_kernels(graph)
       match, count, current, missing = self._call(self._fn.match, graph, table)
     count = int(count)
-    size = bucket_size(count, self.num_actions)
-    valid, cost, idx, ok, exact, hashes, hashed, missing = self._call(
-        self._fn.bucket, graph, ids, match, table, size=size)
+    size, calls = self.bucket_plan(count)
+    valid, cost, idx, ok, exact, hashes, hashed, missing = self._buckets(
+        graph, ids, match, table, size, calls)
     self.drain()  # nothing compiles in the background past the first expansion
     misses = np.flatnonzero(np.asarray(missing)[:count])
     if misses.size:
@@ -459,8 +504,8 @@ class Expander:
       for a, bound in zip(actions, nodes):
         child, _ = self._build_child(parent, parent_ids, int(a) // self.max_locations, bound)
         table = self._measure_kernels(child)
-      valid, cost, idx, ok, exact, hashes, hashed, missing = self._call(
-          self._fn.bucket, graph, ids, match, table, size=size)
+      valid, cost, idx, ok, exact, hashes, hashed, missing = self._buckets(
+          graph, ids, match, table, size, calls)
       self.stats.kernel_recosted += int(misses.size)
     self.stats.candidates.append(count)
     self.stats.buckets.add(size)
@@ -482,6 +527,20 @@ class Expander:
       cost = jnp.asarray(cost)
     exp = Expansion(valid=valid, cost=cost, nodes=match.nodes, current=current)
     return exp, children
+
+  def _buckets(self, graph: layout.Graph, ids: Any, match: RuleSetMatch,
+               table: cost_model.KernelTable | None, size: int, calls: int) -> tuple[Any, ...]:
+    """The bucket's outputs for `calls` consecutive windows of `size` candidates: valid and
+    cost over every action (each window's candidates are its own), the per-slot outputs
+    concatenated in window order (a window's slot i is candidate `offset + i`)."""
+    outs = [self._call(self._fn.bucket, graph, ids, match, table, np.int32(k * size), size=size)
+            for k in range(calls)]
+    if calls == 1:
+      return outs[0]
+    valid = np.logical_or.reduce([np.asarray(o[0]) for o in outs])
+    cost = np.minimum.reduce([np.asarray(o[1]) for o in outs])  # +inf outside each window
+    per_slot = [np.concatenate([np.asarray(o[j]) for o in outs]) for j in range(2, 8)]
+    return (jnp.asarray(valid), jnp.asarray(cost), *per_slot)
 
   def apply(self, graph: layout.Graph, action: int) -> layout.Graph:
     """The graph after flat action `action` (rule * L + location of `RuleSet.match(graph)`).
@@ -526,7 +585,8 @@ class Expander:
   def _measure_kernels(self, graph: layout.Graph) -> cost_model.KernelTable:
     """Adds every kernel of `graph` to the table (measured now or from the profiler's cache);
     returns the table."""
-    self.drain()  # kernels are timed on a machine that compiles nothing beside them
+    if self.kernels.needs_timing(graph):
+      self.drain()  # kernels are timed on a machine that compiles nothing beside them
     t = time.perf_counter()
     self.stats.kernels_added += self.kernels.add(graph)
     self.stats.kernel_seconds += time.perf_counter() - t
