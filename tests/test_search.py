@@ -556,44 +556,6 @@ def test_prepare_compiles_in_the_background_and_changes_nothing(toy, ruleset, ex
   assert [r.to_json() for r in res.rewrites] == [r.to_json() for r in ref.rewrites]
 
 
-def test_a_fast_compile_search_builds_its_one_bucket_in_windows(toy, ruleset, expander,
-                                                                monkeypatch):
-  """Compiled for a fast compile, a search has one bucket size (`Expander.bucket_plan`), traced
-  and compiled by `prepare` on the match's output shapes before the first expansion; more
-  candidates than it holds are built in consecutive windows, and the expansion equals one
-  bucket's of the other tier: validity, costs bit for bit, candidate order, hashes, children;
-  a search takes the same rewrites."""
-  graph, params = toy
-  ref = search.taso(graph, params, expander, budget=8, alpha=1.2)  # its usual bucket
-  monkeypatch.setattr(search.expand, "MIN_BUCKET", 1)
-  fresh = search.Expander(ruleset, COEFFS)
-  if not fresh.plan(fast_compile=True):
-    pytest.skip("the fast-compile tier is XLA:CPU's")
-  fresh.prepare(graph)
-  fresh.drain()
-  fast_fns = fresh._fn  # pylint: disable=protected-access
-  assert fast_fns.bucket.instances == 1 and fast_fns.bucket.first_calls == 0
-  ids = fresh.identities(graph)
-  fast, fast_children = fresh.expand(graph, ids)
-  count = fresh.stats.candidates[-1]
-  assert fresh.bucket_plan(count) == (1, count) and count >= 2
-  assert fast_fns.bucket.instances == 1  # prepare's instance served every window
-  assert fresh.plan(fast_compile=False) is False
-  assert fresh.bucket_plan(count) == (search.expand.bucket_size(count, fresh.num_actions), 1)
-  one, one_children = fresh.expand(graph, ids)
-  np.testing.assert_array_equal(np.asarray(fast.valid), np.asarray(one.valid))
-  assert np.asarray(fast.cost).tobytes() == np.asarray(one.cost).tobytes()
-  np.testing.assert_array_equal(fast_children.actions, one_children.actions)
-  np.testing.assert_array_equal(fast_children.ok, one_children.ok)
-  assert fast_children.hashes == one_children.hashes
-  assert [G.structural_hash(fast_children.graph(i)) for i in range(count)] == \
-      [G.structural_hash(one_children.graph(i)) for i in range(count)]
-  fresh.plan(fast_compile=True)
-  res = search.taso(graph, params, fresh, budget=8, alpha=1.2)
-  assert [r.to_json() for r in res.rewrites] == [r.to_json() for r in ref.rewrites]
-  assert res.best_cost_ms == ref.best_cost_ms
-
-
 def test_a_short_search_compiles_for_a_fast_compile(toy, expander):
   """`search.optimize` compiles a search of at most `FAST_COMPILE_MAX_EXPANSIONS` expansions
   (counted from the driver's options and defaults) with XLA:CPU's fast-compile options and a
@@ -814,3 +776,50 @@ def test_measured_guard_returns_a_prefix_measured_faster(monkeypatch, gate_merge
   assert len(alone.rewrites) == 9 and alone.measured.ratio == pytest.approx(1.1)
   assert search.guard.fastest_faster([_verdict("faster")] * 2) == 0  # a tie: the whole path
   assert search.guard.fastest_faster([_verdict("no change")]) is None
+
+
+def test_a_fast_compile_search_builds_its_one_bucket_in_windows(toy, ruleset, expander,
+                                                                monkeypatch):
+  """Compiled for a fast compile, a search has one bucket size (`Expander.bucket_plan`), traced
+  and compiled by `prepare` on the match's output shapes before the first expansion; more
+  candidates than it holds are built in consecutive windows while the bucket of their count
+  compiles in the background, which the next expansion uses. Windows, that bucket and one
+  bucket of the other tier give the same expansion: validity, costs bit for bit, candidate
+  order, hashes, children; a search takes the same rewrites. (At the end of the module: its
+  instances would push the shared expander's out of the process's live ones.)"""
+  graph, params = toy
+  ref = search.taso(graph, params, expander, budget=8, alpha=1.2)  # its usual bucket
+  monkeypatch.setattr(search.expand, "MIN_BUCKET", 1)
+  fresh = search.Expander(ruleset, COEFFS)
+  if not fresh.plan(fast_compile=True):
+    pytest.skip("the fast-compile tier is XLA:CPU's")
+  fresh.prepare(graph)
+  fresh.drain()
+  fast_fns = fresh._fn  # pylint: disable=protected-access
+  assert fast_fns.bucket.instances == 1 and fast_fns.bucket.first_calls == 0
+  ids = fresh.identities(graph)
+  windows, windows_children = fresh.expand(graph, ids)
+  count = fresh.stats.candidates[-1]
+  exact = search.expand.bucket_size(count, fresh.num_actions)
+  assert fresh.bucket_plan(count) == (1, count) and count >= 2 and exact > 1
+  assert fresh.stats.buckets == {1} and fast_fns.bucket.first_calls == 1
+  fresh.drain()
+  assert fast_fns.bucket.instances == 2  # prepare's, and the count's compiled meanwhile
+  again, again_children = fresh.expand(graph, ids)
+  assert fresh.stats.buckets == {1, exact}
+  assert fresh.plan(fast_compile=False) is False
+  assert fresh.bucket_plan(count) == (exact, 1)
+  one, one_children = fresh.expand(graph, ids)
+  for exp, children in ((windows, windows_children), (again, again_children)):
+    np.testing.assert_array_equal(np.asarray(exp.valid), np.asarray(one.valid))
+    assert np.asarray(exp.cost).tobytes() == np.asarray(one.cost).tobytes()
+    np.testing.assert_array_equal(children.actions, one_children.actions)
+    np.testing.assert_array_equal(children.ok, one_children.ok)
+    assert children.hashes == one_children.hashes
+    assert [G.structural_hash(children.graph(i)) for i in range(count)] == \
+        [G.structural_hash(one_children.graph(i)) for i in range(count)]
+  fresh.plan(fast_compile=True)
+  res = search.taso(graph, params, fresh, budget=8, alpha=1.2)
+  assert not fresh._pending  # pylint: disable=protected-access  (the search drained)
+  assert [r.to_json() for r in res.rewrites] == [r.to_json() for r in ref.rewrites]
+  assert res.best_cost_ms == ref.best_cost_ms

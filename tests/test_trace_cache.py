@@ -377,3 +377,40 @@ def test_output_shapes_trace_without_compiling_and_a_call_waits_for_compile_in(c
       assert f.compile_in(pool, spec) is None
     np.testing.assert_array_equal(out["y"], np.cumsum(np.arange(5)) * 2)
     assert f.instances == 1 and f.first_calls == 1
+
+
+_MANY = """
+import os, sys
+import jax, jax.numpy as jnp
+from xrlflow_jax import compilation_cache
+compilation_cache.enable(sys.argv[1])
+for i in range(12):
+  jax.jit(lambda x, i=i: jnp.sin(x) * i + jnp.cos(x * i))(jnp.arange(8.0 + i)).block_until_ready()
+sizes = [os.path.getsize(os.path.join(sys.argv[1], f)) for f in os.listdir(sys.argv[1])
+         if f.endswith("-cache")]
+print(jax.config.jax_compilation_cache_max_size, len(sizes), sum(sizes))
+"""
+
+
+def test_the_persistent_cache_is_bounded(tmp_path, monkeypatch):
+  """Past `$XRLFLOW_COMPILATION_CACHE_MAX_MB` JAX evicts the least recently used executables
+  (-1: unbounded; the default bound otherwise); a bad value is refused naming the variable."""
+  out = {}
+  for mb in ("-1", "0.05"):
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", compilation_cache.MAX_MB_ENV: mb}
+    env.pop("XRLFLOW_COMPILATION_CACHE", None)
+    done = subprocess.run([sys.executable, "-c", textwrap.dedent(_MANY), str(tmp_path / mb)],
+                          capture_output=True, text=True, cwd=ROOT, env=env, timeout=300,
+                          check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    out[mb] = [int(v) for v in done.stdout.split()]
+  bound = int(0.05 * 2**20)
+  assert out["-1"][0] == -1 and out["0.05"][0] == bound
+  assert out["-1"][2] > bound >= out["0.05"][2] and out["0.05"][1] < out["-1"][1]
+  monkeypatch.delenv(compilation_cache.MAX_MB_ENV, raising=False)
+  assert compilation_cache.max_size_bytes() == int(compilation_cache.DEFAULT_MAX_MB * 2**20)
+  for bad in ("0", "lots", "-2", "inf"):
+    monkeypatch.setenv(compilation_cache.MAX_MB_ENV, bad)
+    with pytest.raises(compilation_cache.CompilationCacheError,
+                       match=compilation_cache.MAX_MB_ENV):
+      compilation_cache.max_size_bytes()

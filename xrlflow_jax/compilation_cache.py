@@ -10,16 +10,28 @@ The directory is, in order: the argument, `$XRLFLOW_COMPILATION_CACHE`, then
 `$XDG_CACHE_HOME/xrlflow_jax/xla` (default `~/.cache/xrlflow_jax/xla`). "off" (or "none", "0",
 "false"), as the argument or the variable, keeps the cache off. A directory the process already
 configured (`jax.config.update("jax_compilation_cache_dir", ...)`, as the tests do) is kept.
+
+The cache is bounded: past `$XRLFLOW_COMPILATION_CACHE_MAX_MB` (default DEFAULT_MAX_MB; -1:
+unbounded) JAX evicts the least recently used executables (its LRU cache, which locks the
+directory with the `filelock` package).
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from pathlib import Path
 
 import jax
 
+from xrlflow_jax.errors import UsageError
+
 ENV = "XRLFLOW_COMPILATION_CACHE"
+MAX_MB_ENV = "XRLFLOW_COMPILATION_CACHE_MAX_MB"
+# The per-user cache's bound. A cold default job writes ~3 MB; a default-size benchmark of
+# every model, every method, a few hundred MB; after many development sessions without a
+# bound the directory held 132 MB (2026-12-05).
+DEFAULT_MAX_MB = 2048.0
 OFF = ("off", "none", "0", "false", "no")
 # Executables that compile faster than this are not written. Every one is: the default job
 # compiles ~60 small ones (eager ops, the model's numerics check and timing helpers) of ~35 ms
@@ -34,6 +46,28 @@ def default_dir() -> Path:
   """The per-user cache directory (`$XDG_CACHE_HOME/xrlflow_jax/xla` or `~/.cache/...`)."""
   base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
   return Path(base) / "xrlflow_jax" / "xla"
+
+
+class CompilationCacheError(UsageError):
+  """A bad setting of the compilation cache (names the variable)."""
+
+
+def max_size_bytes() -> int:
+  """The cache's bound in bytes from `$XRLFLOW_COMPILATION_CACHE_MAX_MB` (MB, fractions
+  allowed; -1: unbounded), else DEFAULT_MAX_MB."""
+  text = os.environ.get(MAX_MB_ENV, "").strip()
+  if not text:
+    return int(DEFAULT_MAX_MB * 2**20)
+  try:
+    mb = float(text)
+  except ValueError:
+    mb = float("nan")
+  if mb == -1:
+    return -1
+  if not mb > 0 or mb == float("inf"):
+    raise CompilationCacheError(f"${MAX_MB_ENV} must be a size in MB > 0 (or -1: unbounded), "
+                                f"got {text!r}")
+  return max(1, int(mb * 2**20))
 
 
 def enable(directory: str | os.PathLike[str] | None = None) -> Path | None:
@@ -58,8 +92,12 @@ def enable(directory: str | os.PathLike[str] | None = None) -> Path | None:
     path.mkdir(parents=True, exist_ok=True)
   except OSError:
     return None  # an unwritable cache directory only costs compile time, never the run
+  bound = max_size_bytes()
+  if bound != -1 and importlib.util.find_spec("filelock") is None:
+    bound = -1  # JAX's eviction needs `filelock` (a dependency); without it, unbounded
   jax.config.update("jax_compilation_cache_dir", str(path))
   jax.config.update("jax_persistent_cache_min_compile_time_secs", MIN_COMPILE_SECONDS)
+  jax.config.update("jax_compilation_cache_max_size", bound)
   return path
 
 

@@ -254,6 +254,7 @@ class Expander:
     self.stats = ExpanderStats()
     self._pending: list[concurrent.futures.Future] = []
     self._pending_lock = threading.Lock()
+    self._background_sizes: set[tuple[bool, int, int]] = set()  # (tier, size, capacity)
 
   def _compiled(self, options: dict[str, Any] | None) -> _Compiled:
     closure = (self.ruleset, self.coeffs)  # what the traced bodies close over (the disk key)
@@ -287,9 +288,9 @@ class Expander:
     compiles without holding Python's lock), then makes the input's identities and hash and,
     for a short search (`plan`), traces and compiles its one bucket on the match's output
     shapes (`bucket_plan`), so the bucket compiles beside the match instead of after it; the
-    child rebuild last. Calls wait for what they need; the first expansion, and any kernel
-    measurement, waits for all of it (nothing compiles beside a timing). A graph the drivers
-    would refuse is left to them."""
+    child rebuild last. Calls wait for what they need; a kernel measurement and the end of
+    the search (`guard.finish`) wait for all of it (nothing compiles beside a timing). A graph
+    the drivers would refuse is left to them."""
     try:
       graph = check_graph(graph, self.ruleset)
     except SearchError:
@@ -335,14 +336,38 @@ class Expander:
     self.stats.compile_seconds += time.perf_counter() - t
 
   def bucket_plan(self, count: int) -> tuple[int, int]:
-    """(bucket size, calls) for `count` valid candidates: a search compiled for a fast compile
-    (`plan`) has one bucket size, `bucket_size(1)`, called on consecutive windows of the
-    candidates, so it compiles one bucket (in `prepare`, beside the match); otherwise one call
-    of `bucket_size(count)`, a few sizes compiled for the fastest expansions."""
+    """(bucket size, calls) for `count` valid candidates when only the sizes it needs are
+    compiled: a search compiled for a fast compile (`plan`) has one bucket size,
+    `bucket_size(1)`, called on consecutive windows of the candidates (compiled in `prepare`,
+    beside the match); otherwise one call of `bucket_size(count)`, a few sizes compiled for
+    the fastest expansions. (`expand` also uses, in a fast-compile search, a bucket of
+    `bucket_size(count)` once it is compiled: see `_bucket_for`.)"""
     if self.fast_compile:
       size = bucket_size(1, self.num_actions)
       return size, max(1, -(-count // size))
     return bucket_size(count, self.num_actions), 1
+
+  def _bucket_for(self, graph: layout.Graph, ids: Any, match: RuleSetMatch,
+                  table: cost_model.KernelTable | None, count: int) -> tuple[int, int]:
+    """`bucket_plan(count)`, except that a fast-compile search whose count needs more than its
+    one bucket uses a bucket of `bucket_size(count)` once that is compiled, and otherwise
+    starts compiling it in the background (the windows serve meanwhile; the search waits for
+    it before it measures anything, and a later search of the process starts with it). Every
+    size computes the same costs, so the choice changes the time, not the result."""
+    size, calls = self.bucket_plan(count)
+    if calls == 1:
+      return size, calls
+    exact = bucket_size(count, self.num_actions)
+    args = (graph, ids, match, table, np.int32(0))
+    if self._fn.bucket.ready(*args, size=exact):
+      return exact, 1
+    key = (self.fast_compile, exact, layout.capacity(graph))
+    if key not in self._background_sizes:
+      self._background_sizes.add(key)
+      context = contextvars.copy_context()
+      self._add_pending(_BACKGROUND.submit(context.run, self._fn.bucket.prepare, *args,
+                                           size=exact))
+    return size, calls
 
   @property
   def trace_counts(self) -> dict[str, int]:
@@ -487,10 +512,9 @@ class Expander:
       table = self._measure_kernels(graph)
       match, count, current, missing = self._call(self._fn.match, graph, table)
     count = int(count)
-    size, calls = self.bucket_plan(count)
+    size, calls = self._bucket_for(graph, ids, match, table, count)
     valid, cost, idx, ok, exact, hashes, hashed, missing = self._buckets(
         graph, ids, match, table, size, calls)
-    self.drain()  # nothing compiles in the background past the first expansion
     misses = np.flatnonzero(np.asarray(missing)[:count])
     if misses.size:
       # Children with kernels the table does not have: measured, then the whole bucket costed

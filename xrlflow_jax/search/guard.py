@@ -89,6 +89,8 @@ def finish(method: str, input_graph: layout.Graph, best_graph: layout.Graph,
   keep = bool(rewrites) and improves(best_cost, initial_cost)
   options = dict(options or {})
   lat_in = lat_best = verdict = None
+  if expander is not None:
+    expander.drain()  # a search leaves nothing compiling (nor beside the timing below)
   if measure:
     prefixes = []
     if keep:
