@@ -778,15 +778,15 @@ def test_measured_guard_returns_a_prefix_measured_faster(monkeypatch, gate_merge
   assert search.guard.fastest_faster([_verdict("no change")]) is None
 
 
-def test_a_fast_compile_search_builds_its_one_bucket_in_windows(toy, ruleset, expander,
-                                                                monkeypatch):
-  """Compiled for a fast compile, a search has one bucket size (`Expander.bucket_plan`), traced
-  and compiled by `prepare` on the match's output shapes before the first expansion; more
-  candidates than it holds are built in consecutive windows while the bucket of their count
-  compiles in the background, which the next expansion uses. Windows, that bucket and one
-  bucket of the other tier give the same expansion: validity, costs bit for bit, candidate
-  order, hashes, children; a search takes the same rewrites. (At the end of the module: its
-  instances would push the shared expander's out of the process's live ones.)"""
+def test_a_fast_compile_search_builds_its_first_expansion_in_windows(toy, ruleset, expander,
+                                                                     monkeypatch):
+  """Compiled for a fast compile, a search's first expansion runs the bucket `prepare` traced on
+  the match's output shapes and compiled before it (`Expander.bucket_plan`), on consecutive
+  windows when the candidates outnumber it; later expansions a bucket of their count. Windows,
+  that bucket and one bucket of the other tier give the same expansion: validity, costs bit
+  for bit, candidate order, hashes, children; a search takes the same rewrites. (At the end of
+  the module: its instances would push the shared expander's out of the process's live
+  ones.)"""
   graph, params = toy
   ref = search.taso(graph, params, expander, budget=8, alpha=1.2)  # its usual bucket
   monkeypatch.setattr(search.expand, "MIN_BUCKET", 1)
@@ -801,14 +801,12 @@ def test_a_fast_compile_search_builds_its_one_bucket_in_windows(toy, ruleset, ex
   windows, windows_children = fresh.expand(graph, ids)
   count = fresh.stats.candidates[-1]
   exact = search.expand.bucket_size(count, fresh.num_actions)
-  assert fresh.bucket_plan(count) == (1, count) and count >= 2 and exact > 1
-  assert fresh.stats.buckets == {1} and fast_fns.bucket.first_calls == 1
-  fresh.drain()
-  assert fast_fns.bucket.instances == 2  # prepare's, and the count's compiled meanwhile
+  assert fresh.bucket_plan(count, first=True) == (1, count) and count >= 2 and exact > 1
+  assert fresh.stats.buckets == {1} and fast_fns.bucket.instances == 1  # prepare's served
   again, again_children = fresh.expand(graph, ids)
-  assert fresh.stats.buckets == {1, exact}
+  assert fresh.stats.buckets == {1, exact} and fresh.bucket_plan(count) == (exact, 1)
   assert fresh.plan(fast_compile=False) is False
-  assert fresh.bucket_plan(count) == (exact, 1)
+  assert fresh.bucket_plan(count, first=True) == (exact, 1)
   one, one_children = fresh.expand(graph, ids)
   for exp, children in ((windows, windows_children), (again, again_children)):
     np.testing.assert_array_equal(np.asarray(exp.valid), np.asarray(one.valid))

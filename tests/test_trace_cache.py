@@ -379,38 +379,35 @@ def test_output_shapes_trace_without_compiling_and_a_call_waits_for_compile_in(c
     assert f.instances == 1 and f.first_calls == 1
 
 
-_MANY = """
-import os, sys
-import jax, jax.numpy as jnp
-from xrlflow_jax import compilation_cache
-compilation_cache.enable(sys.argv[1])
-for i in range(12):
-  jax.jit(lambda x, i=i: jnp.sin(x) * i + jnp.cos(x * i))(jnp.arange(8.0 + i)).block_until_ready()
-sizes = [os.path.getsize(os.path.join(sys.argv[1], f)) for f in os.listdir(sys.argv[1])
-         if f.endswith("-cache")]
-print(jax.config.jax_compilation_cache_max_size, len(sizes), sum(sizes))
-"""
-
-
-def test_the_persistent_cache_is_bounded(tmp_path, monkeypatch):
-  """Past `$XRLFLOW_COMPILATION_CACHE_MAX_MB` JAX evicts the least recently used executables
-  (-1: unbounded; the default bound otherwise); a bad value is refused naming the variable."""
-  out = {}
-  for mb in ("-1", "0.05"):
-    env = {**os.environ, "JAX_PLATFORMS": "cpu", compilation_cache.MAX_MB_ENV: mb}
-    env.pop("XRLFLOW_COMPILATION_CACHE", None)
-    done = subprocess.run([sys.executable, "-c", textwrap.dedent(_MANY), str(tmp_path / mb)],
-                          capture_output=True, text=True, cwd=ROOT, env=env, timeout=300,
-                          check=False)
-    assert done.returncode == 0, done.stderr[-3000:]
-    out[mb] = [int(v) for v in done.stdout.split()]
-  bound = int(0.05 * 2**20)
-  assert out["-1"][0] == -1 and out["0.05"][0] == bound
-  assert out["-1"][2] > bound >= out["0.05"][2] and out["0.05"][1] < out["-1"][1]
+def test_the_persistent_cache_is_pruned_to_its_bound(tmp_path, monkeypatch):
+  """`compilation_cache.prune` deletes the least recently used executables until they fit the
+  bound (-1: none; other files are left); `enable` prunes to `$XRLFLOW_COMPILATION_CACHE_MAX_MB`;
+  a bad value is refused naming the variable."""
+  folder = tmp_path / "xla"
+  folder.mkdir()
+  for i in range(6):  # 6 x 1000 bytes, used in order 0..5
+    f = folder / f"jit_f{i}-key{i}-cache"
+    f.write_bytes(b"x" * 1000)
+    os.utime(f, (1000 + i, 1000 + i))
+  (folder / "notes.txt").write_bytes(b"y" * 5000)
+  assert compilation_cache.prune(folder, -1) == 0
+  assert compilation_cache.prune(folder, 3500) == 3
+  assert sorted(p.name for p in folder.iterdir()) == [
+      "jit_f3-key3-cache", "jit_f4-key4-cache", "jit_f5-key5-cache", "notes.txt"]
   monkeypatch.delenv(compilation_cache.MAX_MB_ENV, raising=False)
   assert compilation_cache.max_size_bytes() == int(compilation_cache.DEFAULT_MAX_MB * 2**20)
+  monkeypatch.setenv(compilation_cache.MAX_MB_ENV, "-1")
+  assert compilation_cache.max_size_bytes() == -1
   for bad in ("0", "lots", "-2", "inf"):
     monkeypatch.setenv(compilation_cache.MAX_MB_ENV, bad)
     with pytest.raises(compilation_cache.CompilationCacheError,
                        match=compilation_cache.MAX_MB_ENV):
       compilation_cache.max_size_bytes()
+  env = {**os.environ, "JAX_PLATFORMS": "cpu", compilation_cache.MAX_MB_ENV: "0.001"}
+  env.pop("XRLFLOW_COMPILATION_CACHE", None)
+  done = subprocess.run([sys.executable, "-c", "import sys; from xrlflow_jax import "
+                         "compilation_cache; compilation_cache.enable(sys.argv[1])", str(folder)],
+                        capture_output=True, text=True, cwd=ROOT, env=env, timeout=300,
+                        check=False)
+  assert done.returncode == 0, done.stderr[-3000:]
+  assert sorted(p.name for p in folder.iterdir()) == ["jit_f5-key5-cache", "notes.txt"]

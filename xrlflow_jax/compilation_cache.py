@@ -11,14 +11,15 @@ The directory is, in order: the argument, `$XRLFLOW_COMPILATION_CACHE`, then
 "false"), as the argument or the variable, keeps the cache off. A directory the process already
 configured (`jax.config.update("jax_compilation_cache_dir", ...)`, as the tests do) is kept.
 
-The cache is bounded: past `$XRLFLOW_COMPILATION_CACHE_MAX_MB` (default DEFAULT_MAX_MB; -1:
-unbounded) JAX evicts the least recently used executables (its LRU cache, which locks the
-directory with the `filelock` package).
+The cache is bounded: when a process enables it, executables beyond
+`$XRLFLOW_COMPILATION_CACHE_MAX_MB` (default DEFAULT_MAX_MB; -1: unbounded) are deleted, the
+least recently used first (`prune`). (JAX's own bound, `jax_compilation_cache_max_size`,
+evicts while it writes; with the search's compiles in two threads it failed to write entries,
+2026-12-05, so it is left off.)
 """
 
 from __future__ import annotations
 
-import importlib.util
 import os
 from pathlib import Path
 
@@ -28,9 +29,8 @@ from xrlflow_jax.errors import UsageError
 
 ENV = "XRLFLOW_COMPILATION_CACHE"
 MAX_MB_ENV = "XRLFLOW_COMPILATION_CACHE_MAX_MB"
-# The per-user cache's bound. A cold default job writes ~3 MB; a default-size benchmark of
-# every model, every method, a few hundred MB; after many development sessions without a
-# bound the directory held 132 MB (2026-12-05).
+# The per-user cache's bound. A cold default job writes ~3 MB; after many development
+# sessions without a bound the directory held 132 MB (2026-12-05).
 DEFAULT_MAX_MB = 2048.0
 OFF = ("off", "none", "0", "false", "no")
 # Executables that compile faster than this are not written. Every one is: the default job
@@ -92,13 +92,38 @@ def enable(directory: str | os.PathLike[str] | None = None) -> Path | None:
     path.mkdir(parents=True, exist_ok=True)
   except OSError:
     return None  # an unwritable cache directory only costs compile time, never the run
-  bound = max_size_bytes()
-  if bound != -1 and importlib.util.find_spec("filelock") is None:
-    bound = -1  # JAX's eviction needs `filelock` (a dependency); without it, unbounded
+  prune(path, max_size_bytes())
   jax.config.update("jax_compilation_cache_dir", str(path))
   jax.config.update("jax_persistent_cache_min_compile_time_secs", MIN_COMPILE_SECONDS)
-  jax.config.update("jax_compilation_cache_max_size", bound)
   return path
+
+
+def prune(path: Path, bound: int) -> int:
+  """Deletes JAX's executables in `path` (its "*-cache" files), the least recently used first
+  (by access or modification time), until they take at most `bound` bytes (-1: none);
+  returns how many. A file that cannot be read or deleted is left."""
+  if bound < 0:
+    return 0
+  files = []
+  try:
+    for entry in os.scandir(path):
+      if entry.name.endswith("-cache") and entry.is_file():
+        st = entry.stat()
+        files.append((max(st.st_atime, st.st_mtime), st.st_size, entry.path))
+  except OSError:
+    return 0
+  total = sum(size for _, size, _ in files)
+  removed = 0
+  for _, size, file in sorted(files):
+    if total <= bound:
+      break
+    try:
+      os.remove(file)
+    except OSError:
+      continue
+    total -= size
+    removed += 1
+  return removed
 
 
 def directory() -> Path | None:

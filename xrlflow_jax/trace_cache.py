@@ -416,13 +416,6 @@ class PersistentJit:
       args = tuple(a for i, a in enumerate(args) if i not in self.static_argnums)
     return args, static
 
-  def ready(self, *args: Any, **static: Any) -> bool:
-    """Whether the instance for these arguments exists and is compiled (a call runs it at
-    once): not while another thread compiles it."""
-    entry = self._entries.get(self._local(args, static)[0])
-    return entry is not None and (entry.compiled or entry.called) and (
-        entry.ready is None or entry.ready.is_set())
-
   def _local(self, args: tuple[Any, ...], static: dict[str, Any]
              ) -> tuple[Any, list[Any], Any, dict[str, Any]]:
     """(the instance's key in this process, the argument leaves, their tree, the static

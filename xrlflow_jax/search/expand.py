@@ -229,8 +229,8 @@ class Expander:
   compiles a few (`trace_counts` counts them); they are `trace_cache.PersistentJit`s, so a
   later process loads what this one traced instead of tracing it again. A short search
   compiles them for a fast compile instead of the fastest code (`plan`: a separate set of
-  instances, the same outputs) and has one bucket size, called on consecutive windows of the
-  candidates (`bucket_plan`), which `prepare` compiles beside the match.
+  instances, the same outputs), and its first expansion runs one bucket that `prepare`
+  compiles beside the match, on consecutive windows of the candidates (`bucket_plan`).
 
   With `kernels`, MatMuls and convolutions cost their measured time (`cost.kernel_table`): an
   expanded or costed graph with a kernel the table does not have (the jitted cost says so) has
@@ -254,7 +254,7 @@ class Expander:
     self.stats = ExpanderStats()
     self._pending: list[concurrent.futures.Future] = []
     self._pending_lock = threading.Lock()
-    self._background_sizes: set[tuple[bool, int, int]] = set()  # (tier, size, capacity)
+    self._expanded = False  # an expansion ran since `plan`
 
   def _compiled(self, options: dict[str, Any] | None) -> _Compiled:
     closure = (self.ruleset, self.coeffs)  # what the traced bodies close over (the disk key)
@@ -275,6 +275,7 @@ class Expander:
     if fast_compile is None:
       fast_compile = expansions is not None and expansions <= FAST_COMPILE_MAX_EXPANSIONS
     self.fast_compile = bool(fast_compile) and xla_options.for_cpu(FAST_COMPILE_OPTIONS) is not None
+    self._expanded = False
     return self.fast_compile
 
   @property
@@ -286,9 +287,9 @@ class Expander:
     """Starts compiling, in background threads, the functions every search of `graph`'s
     capacity needs: one thread traces the match, hands its compile to a second thread (XLA
     compiles without holding Python's lock), then makes the input's identities and hash and,
-    for a short search (`plan`), traces and compiles its one bucket on the match's output
-    shapes (`bucket_plan`), so the bucket compiles beside the match instead of after it; the
-    child rebuild last. Calls wait for what they need; a kernel measurement and the end of
+    for a short search (`plan`), traces and compiles the bucket of its first expansion on the
+    match's output shapes (`bucket_plan`), so it compiles beside the match instead of after
+    it; the child rebuild last. Calls wait for what they need; a kernel measurement and the end of
     the search (`guard.finish`) wait for all of it (nothing compiles beside a timing). A graph
     the drivers would refuse is left to them."""
     try:
@@ -301,7 +302,7 @@ class Expander:
     nodes = jax.ShapeDtypeStruct((self.ruleset.num_bound,), jnp.int32)
     table = self._kernel_table()
     fn = self._fn
-    one_bucket = self.bucket_plan(1)[0] if self.fast_compile else None
+    one_bucket = self.bucket_plan(1, first=True)[0] if self.fast_compile else None
     context = contextvars.copy_context()  # this thread's context (precision scope)
 
     def pipeline() -> None:  # traces here; each compile goes to the other thread, in order
@@ -335,39 +336,15 @@ class Expander:
       concurrent.futures.wait(pending)
     self.stats.compile_seconds += time.perf_counter() - t
 
-  def bucket_plan(self, count: int) -> tuple[int, int]:
-    """(bucket size, calls) for `count` valid candidates when only the sizes it needs are
-    compiled: a search compiled for a fast compile (`plan`) has one bucket size,
-    `bucket_size(1)`, called on consecutive windows of the candidates (compiled in `prepare`,
-    beside the match); otherwise one call of `bucket_size(count)`, a few sizes compiled for
-    the fastest expansions. (`expand` also uses, in a fast-compile search, a bucket of
-    `bucket_size(count)` once it is compiled: see `_bucket_for`.)"""
-    if self.fast_compile:
+  def bucket_plan(self, count: int, first: bool = False) -> tuple[int, int]:
+    """(bucket size, calls) for `count` valid candidates: one call of `bucket_size(count)`,
+    except a search's first expansion when it is compiled for a fast compile (`plan`): that
+    runs the bucket `prepare` compiled beside the match, `bucket_size(1)`, on consecutive
+    windows of the candidates, so the first expansion waits for no compile of its own."""
+    if self.fast_compile and first:
       size = bucket_size(1, self.num_actions)
       return size, max(1, -(-count // size))
     return bucket_size(count, self.num_actions), 1
-
-  def _bucket_for(self, graph: layout.Graph, ids: Any, match: RuleSetMatch,
-                  table: cost_model.KernelTable | None, count: int) -> tuple[int, int]:
-    """`bucket_plan(count)`, except that a fast-compile search whose count needs more than its
-    one bucket uses a bucket of `bucket_size(count)` once that is compiled, and otherwise
-    starts compiling it in the background (the windows serve meanwhile; the search waits for
-    it before it measures anything, and a later search of the process starts with it). Every
-    size computes the same costs, so the choice changes the time, not the result."""
-    size, calls = self.bucket_plan(count)
-    if calls == 1:
-      return size, calls
-    exact = bucket_size(count, self.num_actions)
-    args = (graph, ids, match, table, np.int32(0))
-    if self._fn.bucket.ready(*args, size=exact):
-      return exact, 1
-    key = (self.fast_compile, exact, layout.capacity(graph))
-    if key not in self._background_sizes:
-      self._background_sizes.add(key)
-      context = contextvars.copy_context()
-      self._add_pending(_BACKGROUND.submit(context.run, self._fn.bucket.prepare, *args,
-                                           size=exact))
-    return size, calls
 
   @property
   def trace_counts(self) -> dict[str, int]:
@@ -495,8 +472,9 @@ class Expander:
     """Every candidate of `graph`, costed and hashed: (Expansion, Children).
 
     Two jitted calls: the match (with the graph's own cost and the number C of valid
-    (rule, location) pairs), then one call over a bucket of `bucket_size(C)` slots (a short
-    search: ceil(C / B) calls of its one bucket of B slots, `bucket_plan`).
+    (rule, location) pairs), then one call over a bucket of `bucket_size(C)` slots (the first
+    expansion of a short search: ceil(C / B) calls of the bucket of B slots `prepare`
+    compiled, `bucket_plan`).
 
     Args:
       graph: one graph of capacity N.
@@ -512,7 +490,8 @@ class Expander:
       table = self._measure_kernels(graph)
       match, count, current, missing = self._call(self._fn.match, graph, table)
     count = int(count)
-    size, calls = self._bucket_for(graph, ids, match, table, count)
+    size, calls = self.bucket_plan(count, first=not self._expanded)
+    self._expanded = True
     valid, cost, idx, ok, exact, hashes, hashed, missing = self._buckets(
         graph, ids, match, table, size, calls)
     misses = np.flatnonzero(np.asarray(missing)[:count])
