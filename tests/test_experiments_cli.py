@@ -83,9 +83,38 @@ def test_benchmark_quick_one_model(tmp_path, xla_defaults_env):
   for r in rows:
     assert r["model"] == "bert"
     assert float(r["env_steps_per_s"]) > 0
+    if r["method"] in ("greedy", "beam"):  # the optimise job's guard: faster, or the input
+      kept = r["verdict"] in ("faster", "unchanged")
+      assert float(r["returned_speedup"]) == (float(r["measured_speedup"]) if kept else 1.0)
     assert float(r["latency_ms"]) > 0, r  # no method failed
     assert float(r["modelled_speedup"]) >= 1.0 - 1e-6  # the modelled guard
     assert int(r["nodes"]) > 0
+
+
+def test_benchmark_rows_say_what_the_measured_guard_returns():
+  """`returned_speedup`: a method's measured speedup when its verdict keeps its graph
+  ("faster", "unchanged"), the input's 1.0 otherwise, never above what was measured faster;
+  n/a for another optimiser's graph (no guard of ours applies to it)."""
+  from tests.test_search import toy_graph  # pylint: disable=g-import-not-at-top
+  from xrlflow_jax import measure  # pylint: disable=g-import-not-at-top
+  from xrlflow_jax.harness import benchmark as B  # pylint: disable=g-import-not-at-top
+  graph, _ = toy_graph()
+
+  def stats(ms: float) -> cost.LatencyStats:
+    return cost.LatencyStats(ms, 0.9 * ms, 1.1 * ms, 10, 0.0, "cpu", "cpu")
+
+  def verdict(name: str, ratio: float) -> measure.Speedup:
+    return measure.Speedup(ratio, ratio - 0.01, ratio + 0.01, 1.0, 0.99, 1.01, name, 0.95, 10)
+  names = ["faster", "no change", "slower", "unchanged", "faster"]
+  ratios = [1.25, 1.04, 0.8, 1.0, 1.1]
+  methods = ["taso", "greedy", "beam", "random", f"{B.AGAINST_PREFIX}theirs.onnx"]
+  outcomes = [B.Outcome(m, graph, 1.0) for m in methods]
+  measured = B.Measured(stats(1.0), [stats(1.0 / r) for r in ratios],
+                        [verdict(n, r) for n, r in zip(names, ratios)],
+                        [measure.NumericsCheck(0.0, 0.0, 1, 1e-3, True)] * len(methods))
+  rows = B.outcome_rows({"model": "toy"}, B.Outcome("original", graph, 1.0), outcomes, measured)
+  returned = [r["returned_speedup"] for r in rows]
+  assert returned[:5] == [1.0, 1.25, 1.0, 1.0, 1.0] and math.isnan(returned[5])
 
 
 def test_benchmark_rejects_unknown_method(tmp_path):

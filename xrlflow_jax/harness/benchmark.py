@@ -43,6 +43,10 @@ Log = Callable[[str], None]
 # Rules and environment throughput
 # ----------------------------------------------------------------------------------------------
 
+# The method label of another optimiser's graph timed beside ours (`against_outcome`).
+AGAINST_PREFIX = "against:"
+
+
 def make_ruleset(names: Sequence[str], max_locations: int = 16):
   """A RuleSet of built-in rules by name (("all",) for every one): `workflow.ruleset`."""
   return workflow.ruleset(list(names), int(max_locations))
@@ -271,7 +275,7 @@ def against_outcome(path: str, original: workflow.Loaded, coeffs: cost.CostCoeff
   the methods' ("against:<file>"): its own weights; its outputs compared with the original's
   only when both carry their weights. A file that does not load, or takes other inputs, is a
   failed outcome that says why."""
-  label = f"against:{os.path.basename(path)}"
+  label = f"{AGAINST_PREFIX}{os.path.basename(path)}"
   t0 = time.perf_counter()
   try:
     other = workflow.load(path, seed=seed)
@@ -338,14 +342,18 @@ def measure_outcomes(original: Graph, params: ParamStore, graphs: Sequence[Graph
 def outcome_rows(base: Mapping[str, Any], original: Outcome, outcomes: Sequence[Outcome],
                  measured: Measured) -> list[dict[str, Any]]:
   """Report rows (one for the original, one per outcome): `base` fields, then method, nodes,
-  modelled and measured latency, the measured speedup with its interval and verdict, time,
-  rewrites, max relative error, status ("ok" or "failed") and note."""
+  modelled and measured latency, the measured speedup with its interval and verdict, the
+  speedup after the optimise job's measured guard (`returned_speedup`: the method's graph only
+  when its verdict keeps it, else the input's 1.0; what `experiments.optimize
+  --checkpoints=0` returns; n/a for another optimiser's graph), time, rewrites, max relative
+  error, status ("ok" or "failed") and note."""
   nan = float("nan")
   rows = [{**base, "method": "original", "nodes": G.num_nodes(original.graph),
            "modelled_ms": original.modelled_cost, "modelled_speedup": 1.0,
            "latency_ms": measured.original.median_ms,
            "latency_iqr_ms": measured.original.iqr_ms, "measured_speedup": 1.0,
-           "speedup_low": nan, "speedup_high": nan, "verdict": "reference", "seconds": 0.0,
+           "speedup_low": nan, "speedup_high": nan, "verdict": "reference",
+           "returned_speedup": 1.0, "seconds": 0.0,
            "rewrites": 0, "max_rel_error": 0.0, "status": "ok", "note": ""}]
   for o, s, v, n in zip(outcomes, measured.stats, measured.speedups, measured.numerics):
     ok = o.graph is not None and s is not None
@@ -357,6 +365,8 @@ def outcome_rows(base: Mapping[str, Any], original: Outcome, outcomes: Sequence[
         "latency_ms": s.median_ms if ok else nan, "latency_iqr_ms": s.iqr_ms if ok else nan,
         "measured_speedup": v.ratio if ok else nan, "speedup_low": v.low if ok else nan,
         "speedup_high": v.high if ok else nan, "verdict": v.verdict if ok else "",
+        "returned_speedup": (nan if not ok or o.method.startswith(AGAINST_PREFIX)
+                             else v.ratio if v.keeps else 1.0),
         "seconds": o.seconds, "rewrites": "" if o.rewrites is None else o.rewrites,
         "max_rel_error": n.max_rel_error if ok and o.outputs_comparable else nan,
         "status": "ok" if ok and not differ else "failed",
