@@ -139,7 +139,8 @@ COLUMNS = [("model", "model", ""), ("nodes_in", "nodes", ""), ("env_steps_per_s"
            ("latency_ms", "latency ms (median)", ".4f"), ("latency_iqr_ms", "IQR ms", ".4f"),
            ("measured_speedup", "measured speedup", ".3f"), ("speedup_low", "95% low", ".3f"),
            ("speedup_high", "95% high", ".3f"), ("verdict", "verdict", ""),
-           ("returned_speedup", "after the guard", ".3f"), ("seconds", "opt time s", ".1f"),
+           ("returned", "guard returns", ""), ("returned_speedup", "after the guard", ".3f"),
+           ("seconds", "opt time s", ".1f"),
            ("rewrites", "rewrites", ""), ("max_rel_error", "max rel err", ".1e"),
            ("note", "note", "")]
 
@@ -190,7 +191,8 @@ def benchmark_model(spec, ruleset, coeffs, methods: list[str],
   measured = B.measure_outcomes(
       graph, params, [o.graph for o in outcomes], rounds=_opt("rounds"),
       repeats_per_round=_opt("repeats_per_round"), min_round_ms=_opt("min_round_ms"),
-      own_params=[o.params for o in outcomes])
+      own_params=[o.params for o in outcomes], checkpoints=[o.checkpoints for o in outcomes],
+      seed=_SEED.value)
   base = {"model": spec.label, "nodes_in": G.num_nodes(graph),
           "env_steps_per_s": steps_per_s}
   return B.outcome_rows(base, original, outcomes, measured)
@@ -200,9 +202,10 @@ def _write_tables(header: str, rows: list[dict[str, Any]], out_dir: Path) -> Non
   """benchmark.md (header and table) and benchmark.csv of the rows so far."""
   table = B.markdown_table(rows, COLUMNS)
   text = (f"{header}\n\nSpeedups are original / method; measured = XLA latency timed side by "
-          f"side in this process, modelled = the cost model; after the guard = what the "
-          f"optimise job's measured guard returns (the method's graph when measured faster, "
-          f"else the input, 1.000).\n\n{table}\n")
+          f"side in this process, modelled = the cost model; guard returns / after the guard = "
+          f"what the optimise job's measured guard returns (the method's graph or one of the "
+          f"prefixes of its path timed beside it, when measured faster; else the input, "
+          f"1.000).\n\n{table}\n")
   (out_dir / "benchmark.md").write_text(text)
   B.write_csv(rows, out_dir / "benchmark.csv")
 

@@ -17,6 +17,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from xrlflow_jax import cost
@@ -115,6 +116,20 @@ def test_benchmark_rows_say_what_the_measured_guard_returns():
   rows = B.outcome_rows({"model": "toy"}, B.Outcome("original", graph, 1.0), outcomes, measured)
   returned = [r["returned_speedup"] for r in rows]
   assert returned[:5] == [1.0, 1.25, 1.0, 1.0, 1.0] and math.isnan(returned[5])
+  assert [r["returned"] for r in rows] == ["", "graph", "input", "input", "graph", ""]
+
+  # With prefixes timed in the same rounds: the fastest measured faster at the Bonferroni
+  # level of 1 + k verdicts (`search.guard.checkpoint_level`), else the input.
+  rng = np.random.default_rng(0)
+  ref = 1.0 + 0.01 * rng.standard_normal(12)
+  copy = ref * (1.0 + 0.005 * rng.standard_normal(12))
+  def comparison(*ratios):
+    return measure.Comparison(stats(1.0), stats(1.0), [], [], None,
+                              (ref, copy, [ref / r for r in ratios]))
+  assert B._guarded(comparison(1.0, 1.3), [0, 1], [5], seed=0)[1] == "first 5"  # pylint: disable=protected-access
+  assert B._guarded(comparison(1.0, 1.3), [0, 1], [5], seed=0)[0] == pytest.approx(1.3, rel=0.02)  # pylint: disable=protected-access
+  assert B._guarded(comparison(1.4, 1.3), [0, 1], [5], seed=0)[1] == "graph"  # pylint: disable=protected-access
+  assert B._guarded(comparison(0.9, 1.0), [0, 1], [5], seed=0) == (1.0, "input")  # pylint: disable=protected-access
 
 
 def test_benchmark_rejects_unknown_method(tmp_path):

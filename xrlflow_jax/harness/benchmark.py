@@ -32,6 +32,7 @@ from xrlflow_jax import graph as G
 from xrlflow_jax.agents import ppo, runs
 from xrlflow_jax.graph import Graph, ParamStore
 from xrlflow_jax.harness import env_benchmark
+from xrlflow_jax.search import guard
 from xrlflow_jax.search.result import JOB_METHODS
 
 METHODS = JOB_METHODS  # what the benchmark binaries accept
@@ -80,6 +81,8 @@ class Outcome:
       the model); None: the original's.
     outputs_comparable: False when its outputs cannot equal the original's for a reason that is
       not a bug (a file without weight data was given random ones): not compared.
+    checkpoints: prefixes of a search's path (`search.guard.Checkpoint`s) that the optimise
+      job's measured guard times beside its graph.
   """
   method: str
   graph: Graph | None
@@ -89,6 +92,7 @@ class Outcome:
   note: str = ""
   params: ParamStore | None = None
   outputs_comparable: bool = True
+  checkpoints: list[Any] = dataclasses.field(default_factory=list)
 
 
 def modelled_cost(graph: Graph, coeffs: cost.CostCoefficients,
@@ -103,15 +107,22 @@ def modelled_cost(graph: Graph, coeffs: cost.CostCoefficients,
 
 def run_search(method: str, graph: Graph, params: ParamStore, ruleset, coeffs, options:
                Mapping[str, Any] | None = None, seed: int = 0,
-               kernels: cost.KernelTimes | None = None) -> Outcome:
+               kernels: cost.KernelTimes | None = None,
+               checkpoints: int = guard.DEFAULT_CHECKPOINTS) -> Outcome:
   """`search.optimize` with the modelled guard only (latency is measured afterwards, side by
-  side with every other method's graph); `kernels`: the measured kernel table."""
+  side with every other method's graph); `kernels`: the measured kernel table; `checkpoints`:
+  prefixes of its path kept for the measured guard, as the optimise job's
+  (`search.guard.checkpoint_prefixes`)."""
   t0 = time.perf_counter()
   r = search.optimize(graph, params, method, ruleset, coeffs, measure=False, seed=seed,
                       kernels=kernels, **dict(options or {}))
   note = "input returned (nothing cheaper found)" if r.returned_input else ""
+  prefixes = []
+  if checkpoints and not r.returned_input:
+    prefixes = guard.checkpoint_prefixes(search.get_expander(ruleset, coeffs, kernels), graph,
+                                         list(r.rewrites), r.initial_cost_ms, checkpoints)
   return Outcome(method, r.best_graph, float(r.best_cost_ms), time.perf_counter() - t0,
-                 len(r.rewrites), note)
+                 len(r.rewrites), note, checkpoints=prefixes)
 
 
 def reason(error: BaseException) -> str:
@@ -308,31 +319,63 @@ class Measured:
   stats: list[cost.LatencyStats | None]
   speedups: list[measure.Speedup | None]
   numerics: list[measure.NumericsCheck | None]
+  returned: list[tuple[float, str] | None] | None = None
 
 
 def measure_outcomes(original: Graph, params: ParamStore, graphs: Sequence[Graph | None], *,
                      rounds: int = 10, repeats_per_round: int = 3,
                      min_round_ms: float = 30.0, backend: str | None = None,
-                     own_params: Sequence[ParamStore | None] | None = None) -> Measured:
+                     own_params: Sequence[ParamStore | None] | None = None,
+                     checkpoints: Sequence[Sequence[Any]] | None = None,
+                     seed: int = 0) -> Measured:
   """Latency of `original` and of each graph, timed interleaved in one process with an
   identical copy of the original as control (`measure.compare`), and each graph's outputs
   compared with the original's on the same random inputs. `own_params[i]`: graph i's own
-  weights (a graph loaded apart; None: `params`)."""
+  weights (a graph loaded apart; None: `params`). `checkpoints[i]`: graph i's path prefixes
+  (`search.guard.Checkpoint`s), timed in the same rounds for what the optimise job's measured
+  guard returns (`Measured.returned`)."""
   own = list(own_params) if own_params is not None else [None] * len(graphs)
+  cps = [list(c) for c in checkpoints] if checkpoints is not None else [[] for _ in graphs]
   present = [g for g in graphs if g is not None]  # compiling validates each of them
-  cmp = measure.compare(original, present, params, rounds=rounds,
+  extra = [c.graph for g, cs in zip(graphs, cps) if g is not None for c in cs]
+  cmp = measure.compare(original, present + extra, params, rounds=rounds,
                         repeats_per_round=repeats_per_round, min_round_ms=min_round_ms,
                         backend=backend,
                         tolerance=measure.DEFAULT_TOLERANCE,
-                        candidate_params=[p for g, p in zip(graphs, own) if g is not None])
+                        candidate_params=[p for g, p in zip(graphs, own) if g is not None]
+                        + [None] * len(extra))
   index = iter(range(len(present)))
   at = [None if g is None else next(index) for g in graphs]
+  extra_at = iter(range(len(present), len(present) + len(extra)))
 
   def per_graph(values: Sequence[Any]) -> list[Any]:
     return [None if i is None else values[i] for i in at]
 
+  returned: list[tuple[float, str] | None] = []
+  for i, cs in zip(at, cps):
+    if i is None:
+      returned.append(None)
+      continue
+    slots = [i] + [next(extra_at) for _ in cs]
+    returned.append(_guarded(cmp, slots, [c.rewrites for c in cs], seed))
   return Measured(cmp.reference, per_graph(cmp.candidates), per_graph(cmp.speedups),
-                  per_graph(cmp.numerics))
+                  per_graph(cmp.numerics), returned)
+
+
+def _guarded(cmp: measure.Comparison, slots: Sequence[int], lengths: Sequence[int],
+             seed: int) -> tuple[float, str]:
+  """(speedup, what) the optimise job's measured guard returns from the comparison's
+  candidates `slots` (the whole path, then its prefixes of `lengths` rewrites): the fastest of
+  those measured significantly faster at `search.guard.checkpoint_level`, else the input."""
+  if cmp.round_ms is None or cmp.round_ms[1] is None:  # nothing was timed: all unchanged
+    return 1.0, "input"
+  ref, copy, cands = cmp.round_ms
+  level = guard.checkpoint_level(len(slots) - 1)
+  verdicts = [measure.speedup(ref, cands[j], copy, level=level, seed=seed) for j in slots]
+  best = guard.fastest_faster(verdicts)
+  if best is None:
+    return 1.0, "input"
+  return verdicts[best].ratio, "graph" if best == 0 else f"first {lengths[best - 1]}"
 
 
 # ----------------------------------------------------------------------------------------------
@@ -342,21 +385,27 @@ def measure_outcomes(original: Graph, params: ParamStore, graphs: Sequence[Graph
 def outcome_rows(base: Mapping[str, Any], original: Outcome, outcomes: Sequence[Outcome],
                  measured: Measured) -> list[dict[str, Any]]:
   """Report rows (one for the original, one per outcome): `base` fields, then method, nodes,
-  modelled and measured latency, the measured speedup with its interval and verdict, the
-  speedup after the optimise job's measured guard (`returned_speedup`: the method's graph only
-  when its verdict keeps it, else the input's 1.0; what `experiments.optimize
-  --checkpoints=0` returns; n/a for another optimiser's graph), time, rewrites, max relative
-  error, status ("ok" or "failed") and note."""
+  modelled and measured latency, the measured speedup with its interval and verdict, what the
+  optimise job's measured guard returns (`returned`: "graph", "first k" rewrites of its
+  path, or "input"; `returned_speedup`: its measured speedup, the input's 1.0; from
+  `measured.returned`, else the graph when its verdict keeps it; n/a for another optimiser's
+  graph), time, rewrites, max relative error, status ("ok" or "failed") and note."""
   nan = float("nan")
   rows = [{**base, "method": "original", "nodes": G.num_nodes(original.graph),
            "modelled_ms": original.modelled_cost, "modelled_speedup": 1.0,
            "latency_ms": measured.original.median_ms,
            "latency_iqr_ms": measured.original.iqr_ms, "measured_speedup": 1.0,
            "speedup_low": nan, "speedup_high": nan, "verdict": "reference",
-           "returned_speedup": 1.0, "seconds": 0.0,
+           "returned_speedup": 1.0, "returned": "", "seconds": 0.0,
            "rewrites": 0, "max_rel_error": 0.0, "status": "ok", "note": ""}]
-  for o, s, v, n in zip(outcomes, measured.stats, measured.speedups, measured.numerics):
+  guards = measured.returned or [None] * len(outcomes)
+  for o, s, v, n, got in zip(outcomes, measured.stats, measured.speedups, measured.numerics,
+                             guards):
     ok = o.graph is not None and s is not None
+    guarded = ok and not o.method.startswith(AGAINST_PREFIX)
+    # Without timed prefixes the guard keeps the graph when its verdict does.
+    returned = got if got is not None else ((v.ratio, "graph") if ok and v.keeps else
+                                            (1.0, "input"))
     differ = ok and o.outputs_comparable and not n.passed
     rows.append({
         **base, "method": o.method, "nodes": G.num_nodes(o.graph) if ok else "",
@@ -365,8 +414,8 @@ def outcome_rows(base: Mapping[str, Any], original: Outcome, outcomes: Sequence[
         "latency_ms": s.median_ms if ok else nan, "latency_iqr_ms": s.iqr_ms if ok else nan,
         "measured_speedup": v.ratio if ok else nan, "speedup_low": v.low if ok else nan,
         "speedup_high": v.high if ok else nan, "verdict": v.verdict if ok else "",
-        "returned_speedup": (nan if not ok or o.method.startswith(AGAINST_PREFIX)
-                             else v.ratio if v.keeps else 1.0),
+        "returned_speedup": nan if not guarded else returned[0],
+        "returned": "" if not guarded else returned[1],
         "seconds": o.seconds, "rewrites": "" if o.rewrites is None else o.rewrites,
         "max_rel_error": n.max_rel_error if ok and o.outputs_comparable else nan,
         "status": "ok" if ok and not differ else "failed",
