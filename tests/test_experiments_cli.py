@@ -132,6 +132,29 @@ def test_benchmark_rows_say_what_the_measured_guard_returns():
   assert B._guarded(comparison(0.9, 1.0), [0, 1], [5], seed=0) == (1.0, "input")  # pylint: disable=protected-access
 
 
+def test_benchmark_checks_the_outputs_of_the_prefixes_it_times():
+  """A search's checkpoint prefix is timed beside its graph and must compute what the original
+  does: one that does not fails the method's row (its numerics are the prefix's)."""
+  from tests.test_search import toy_graph  # pylint: disable=g-import-not-at-top
+  from xrlflow_jax.harness import benchmark as B  # pylint: disable=g-import-not-at-top
+  from xrlflow_jax.ops import Op  # pylint: disable=g-import-not-at-top
+  from xrlflow_jax.search.guard import Checkpoint  # pylint: disable=g-import-not-at-top
+  graph, params = toy_graph()
+  op = np.array(graph.nodes["op"])
+  (add,) = np.flatnonzero(np.asarray(graph.nodes["alive"]) & (op == int(Op.ADD)))
+  op[add] = int(Op.MUL)  # computes something else, same shapes
+  bad = graph._replace(nodes={**graph.nodes, "op": op})
+  measured = B.measure_outcomes(graph, params, [graph, graph], rounds=5, repeats_per_round=1,
+                                min_round_ms=0.0,
+                                checkpoints=[[Checkpoint(1, bad, 1.0)], []])
+  assert not measured.numerics[0].passed and measured.numerics[1].passed
+  rows = B.outcome_rows({"model": "toy"}, B.Outcome("original", graph, 1.0),
+                        [B.Outcome("taso", graph, 1.0), B.Outcome("greedy", graph, 1.0)],
+                        measured)
+  assert [r["status"] for r in rows] == ["ok", "failed", "ok"]
+  assert "OUTPUTS DIFFER" in rows[1]["note"]
+
+
 def test_benchmark_rejects_unknown_method(tmp_path):
   proc = subprocess.run([sys.executable, "-m", "experiments.benchmark", "--methods=nope",
                          f"--output={tmp_path}"], cwd=REPO, capture_output=True, text=True,

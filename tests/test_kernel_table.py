@@ -197,6 +197,23 @@ def test_kernel_times_measure_for_real_and_cache_on_disk(tmp_path):
   assert second.rows()[0]["kernel"].startswith("Conv2D(float32[1, 16, 8, 8], float32[16, 8, 3")
 
 
+def test_needs_timing_only_for_kernels_neither_known_nor_cached(tmp_path):
+  """`needs_timing` (whether `add` would time a kernel, so a search must stop its background
+  compiles first): true for a kernel new to the table and the profiler's cache, false once
+  either holds it."""
+  graph, _ = _conv_graph(groups=2)
+  first = kernel_table.KernelTimes(_TableProfiler(tmp_path, lambda s: 1.0))
+  assert first.needs_timing(graph)
+  first.add(graph)
+  assert first.profiler.measure_count == 1 and not first.needs_timing(graph)
+  second = kernel_table.KernelTimes(_TableProfiler(tmp_path, lambda s: 1.0))
+  assert second.missing(graph) and not second.needs_timing(graph)  # in the cache on disk
+  second.add(graph)
+  assert second.profiler.measure_count == 0
+  assert kernel_table.KernelTimes(_TableProfiler(tmp_path, lambda s: 1.0)).needs_timing(
+      _conv_graph(groups=4)[0])
+
+
 def test_table_grows_past_its_capacity(tmp_path):
   """More kernels than the table's capacity: it doubles, keys stay sorted and all are found."""
   times = kernel_table.KernelTimes(_TableProfiler(tmp_path, lambda s: 1.0 + _groups(s)),

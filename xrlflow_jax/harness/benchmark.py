@@ -333,7 +333,8 @@ def measure_outcomes(original: Graph, params: ParamStore, graphs: Sequence[Graph
   compared with the original's on the same random inputs. `own_params[i]`: graph i's own
   weights (a graph loaded apart; None: `params`). `checkpoints[i]`: graph i's path prefixes
   (`search.guard.Checkpoint`s), timed in the same rounds for what the optimise job's measured
-  guard returns (`Measured.returned`)."""
+  guard returns (`Measured.returned`); a prefix whose outputs differ is that graph's numerics.
+  """
   own = list(own_params) if own_params is not None else [None] * len(graphs)
   cps = [list(c) for c in checkpoints] if checkpoints is not None else [[] for _ in graphs]
   present = [g for g in graphs if g is not None]  # compiling validates each of them
@@ -352,14 +353,19 @@ def measure_outcomes(original: Graph, params: ParamStore, graphs: Sequence[Graph
     return [None if i is None else values[i] for i in at]
 
   returned: list[tuple[float, str] | None] = []
-  for i, cs in zip(at, cps):
+  numerics = per_graph(cmp.numerics)
+  for k, (i, cs) in enumerate(zip(at, cps)):
     if i is None:
       returned.append(None)
       continue
     slots = [i] + [next(extra_at) for _ in cs]
     returned.append(_guarded(cmp, slots, [c.rewrites for c in cs], seed))
+    # Every graph timed must compute what the original does, its prefixes too (as the
+    # optimise job checks them): a prefix that does not fails the method's row.
+    numerics[k] = next((cmp.numerics[j] for j in slots if not cmp.numerics[j].passed),
+                       numerics[k])
   return Measured(cmp.reference, per_graph(cmp.candidates), per_graph(cmp.speedups),
-                  per_graph(cmp.numerics), returned)
+                  numerics, returned)
 
 
 def _guarded(cmp: measure.Comparison, slots: Sequence[int], lengths: Sequence[int],

@@ -155,8 +155,9 @@ class ExpanderStats:
   Attributes:
     candidates: valid (rule, location) pairs of each expansion, in order.
     buckets: the bucket sizes used (each compiled once per capacity).
-    compile_seconds: wall time of the calls that traced (compile, or load from the persistent
-      compilation cache, plus one run).
+    compile_seconds: wall time of each instance's first call (trace or load from the trace
+      cache, compile or load from the persistent compilation cache, or wait for `prepare`'s
+      compile, plus one run) and of waits for the background compiles (`drain`).
     recosted: candidates whose rewrite changed more slots than the incremental cost covers
       (`cost.incremental.MAX_CHANGED`), costed again alone with the full model.
     rehashed: candidates whose rewrite changed more rows than the incremental graph hash
@@ -285,13 +286,13 @@ class Expander:
 
   def prepare(self, graph: layout.Graph) -> None:
     """Starts compiling, in background threads, the functions every search of `graph`'s
-    capacity needs: one thread traces the match, hands its compile to a second thread (XLA
-    compiles without holding Python's lock), then makes the input's identities and hash and,
-    for a short search (`plan`), traces and compiles the bucket of its first expansion on the
-    match's output shapes (`bucket_plan`), so it compiles beside the match instead of after
-    it; the child rebuild last. Calls wait for what they need; a kernel measurement and the end of
-    the search (`guard.finish`) wait for all of it (nothing compiles beside a timing). A graph
-    the drivers would refuse is left to them."""
+    capacity needs: one thread traces them, in the order a search needs them (the input's
+    identities and hash, the match, for a short search (`plan`) the bucket of its first
+    expansion on the match's output shapes (`bucket_plan`), the child rebuild), and hands each
+    compile to the second thread (XLA compiles without holding Python's lock), so the bucket
+    compiles beside the match instead of after it. Calls wait for what they need; a kernel
+    timing and the end of the search (`guard.finish`) wait for all of it (nothing compiles
+    beside a timing). A graph the drivers would refuse is left to them."""
     try:
       graph = check_graph(graph, self.ruleset)
     except SearchError:
