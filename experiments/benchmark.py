@@ -140,7 +140,8 @@ COLUMNS = [("model", "model", ""), ("nodes_in", "nodes", ""), ("env_steps_per_s"
            ("measured_speedup", "measured speedup", ".3f"), ("speedup_low", "95% low", ".3f"),
            ("speedup_high", "95% high", ".3f"), ("verdict", "verdict", ""),
            ("returned", "guard returns", ""), ("returned_speedup", "after the guard", ".3f"),
-           ("seconds", "opt time s", ".1f"),
+           ("seconds", "opt time s", ".1f"), ("compile_seconds", "of which compile s", ".1f"),
+           ("kernel_seconds", "kernel timing s", ".1f"),
            ("rewrites", "rewrites", ""), ("max_rel_error", "max rel err", ".1e"),
            ("note", "note", "")]
 
@@ -182,8 +183,9 @@ def benchmark_model(spec, ruleset, coeffs, methods: list[str],
                            kernels=kernels)
     except Exception as e:  # pylint: disable=broad-except
       out = B.failed(method, e, time.perf_counter() - t0)
-    print(f"  {method}: modelled {out.modelled_cost:.4f} ms in {out.seconds:.1f}s "
-          f"{out.note}", flush=True)
+    print(f"  {method}: modelled {out.modelled_cost:.4f} ms in {out.seconds:.1f}s (compile "
+          f"{out.compile_seconds:.1f}s, kernel timing {out.kernel_seconds:.1f}s) {out.note}",
+          flush=True)
     outcomes.append(out)
   against = against or {}
   if spec.label in against:

@@ -87,6 +87,9 @@ def test_benchmark_quick_one_model(tmp_path, xla_defaults_env):
     if r["method"] in ("greedy", "beam"):  # the optimise job's guard: faster, or the input
       kept = r["verdict"] in ("faster", "unchanged")
       assert float(r["returned_speedup"]) == (float(r["measured_speedup"]) if kept else 1.0)
+      # Where a search's time went: parts of its wall time, measured.
+      compile_s, kernel_s = float(r["compile_seconds"]), float(r["kernel_seconds"])
+      assert 0.0 <= compile_s <= float(r["seconds"]) and 0.0 <= kernel_s <= float(r["seconds"])
     assert float(r["latency_ms"]) > 0, r  # no method failed
     assert float(r["modelled_speedup"]) >= 1.0 - 1e-6  # the modelled guard
     assert int(r["nodes"]) > 0

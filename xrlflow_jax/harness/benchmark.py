@@ -83,6 +83,9 @@ class Outcome:
       not a bug (a file without weight data was given random ones): not compared.
     checkpoints: prefixes of a search's path (`search.guard.Checkpoint`s) that the optimise
       job's measured guard times beside its graph.
+    compile_seconds, kernel_seconds: of `seconds`, what the search spent compiling (or waiting
+      for its background compiles) and adding kernels to the measured kernel table (NaN where
+      the method does not report them).
   """
   method: str
   graph: Graph | None
@@ -93,6 +96,8 @@ class Outcome:
   params: ParamStore | None = None
   outputs_comparable: bool = True
   checkpoints: list[Any] = dataclasses.field(default_factory=list)
+  compile_seconds: float = float("nan")
+  kernel_seconds: float = float("nan")
 
 
 def modelled_cost(graph: Graph, coeffs: cost.CostCoefficients,
@@ -122,7 +127,9 @@ def run_search(method: str, graph: Graph, params: ParamStore, ruleset, coeffs, o
     prefixes = guard.checkpoint_prefixes(search.get_expander(ruleset, coeffs, kernels), graph,
                                          list(r.rewrites), r.initial_cost_ms, checkpoints)
   return Outcome(method, r.best_graph, float(r.best_cost_ms), time.perf_counter() - t0,
-                 len(r.rewrites), note, checkpoints=prefixes)
+                 len(r.rewrites), note, checkpoints=prefixes,
+                 compile_seconds=float(r.options.get("compile_seconds", float("nan"))),
+                 kernel_seconds=float(r.options.get("kernel_seconds", float("nan"))))
 
 
 def reason(error: BaseException) -> str:
@@ -402,8 +409,8 @@ def outcome_rows(base: Mapping[str, Any], original: Outcome, outcomes: Sequence[
            "latency_ms": measured.original.median_ms,
            "latency_iqr_ms": measured.original.iqr_ms, "measured_speedup": 1.0,
            "speedup_low": nan, "speedup_high": nan, "verdict": "reference",
-           "returned_speedup": 1.0, "returned": "", "seconds": 0.0,
-           "rewrites": 0, "max_rel_error": 0.0, "status": "ok", "note": ""}]
+           "returned_speedup": 1.0, "returned": "", "seconds": 0.0, "compile_seconds": nan,
+           "kernel_seconds": nan, "rewrites": 0, "max_rel_error": 0.0, "status": "ok", "note": ""}]
   guards = measured.returned or [None] * len(outcomes)
   for o, s, v, n, got in zip(outcomes, measured.stats, measured.speedups, measured.numerics,
                              guards):
@@ -422,7 +429,8 @@ def outcome_rows(base: Mapping[str, Any], original: Outcome, outcomes: Sequence[
         "speedup_high": v.high if ok else nan, "verdict": v.verdict if ok else "",
         "returned_speedup": nan if not guarded else returned[0],
         "returned": "" if not guarded else returned[1],
-        "seconds": o.seconds, "rewrites": "" if o.rewrites is None else o.rewrites,
+        "seconds": o.seconds, "compile_seconds": o.compile_seconds,
+        "kernel_seconds": o.kernel_seconds, "rewrites": "" if o.rewrites is None else o.rewrites,
         "max_rel_error": n.max_rel_error if ok and o.outputs_comparable else nan,
         "status": "ok" if ok and not differ else "failed",
         "note": o.note + (f" OUTPUTS DIFFER ({n.describe()})" if differ else "")})
