@@ -296,6 +296,42 @@ def test_gat_layer_equals_the_per_edge_formulation():
   np.testing.assert_allclose(np.asarray(g1), np.asarray(g_ref), rtol=1e-5, atol=2e-5)
 
 
+def test_local_head_reads_only_the_slots_each_rule_binds(env, ruleset):
+  """The local head gathers each rule's own P_r matched nodes (rules grouped by width), not all
+  P slots of every rule: the same function (same parameters; logits, value and the PPO
+  gradient) as the product over all P slots, whose extra slots are always unmatched."""
+  widths = tuple(r.num_bound for r in ruleset.rules)
+  assert len(set(widths)) > 1 and min(widths) < ruleset.num_bound  # groups, and slots skipped
+  agent = Agent(ruleset, _node_costs, SMALL)
+  assert agent.network.rule_widths == widths
+  every_slot = Agent(ruleset, _node_costs, SMALL)
+  every_slot.network = every_slot.network.clone(rule_widths=None)
+  obs = jax.jit(env.reset)(jax.random.PRNGKey(0))[1].observation
+  params = jax.jit(agent.init)(jax.random.PRNGKey(1), obs)
+  # Perturbed so every slot's kernel rows matter (the initial bias is zero).
+  params = jax.tree_util.tree_map(
+      lambda p: p + 0.3 * jax.random.normal(jax.random.PRNGKey(p.size), p.shape), params)
+  chex.assert_trees_all_equal_shapes(params, jax.jit(every_slot.init)(jax.random.PRNGKey(1), obs))
+
+  @jax.jit
+  def both(params, obs):
+    out = []
+    for a in (agent, every_slot):
+      loss = lambda q, a=a: jnp.sum(jax.nn.log_softmax(a.apply(q, obs)[0])[:-1] * obs.action_mask[:-1]) \
+          + a.apply(q, obs)[1]
+      out.append((a.apply(params, obs), jax.grad(loss)(params)))
+    return out
+
+  ((logits, value), grad), ((ref_logits, ref_value), ref_grad) = both(params, obs)
+  mask = np.asarray(obs.action_mask)
+  assert mask[:-1].any()
+  np.testing.assert_allclose(np.asarray(logits)[mask], np.asarray(ref_logits)[mask], rtol=1e-5,
+                             atol=1e-5)
+  np.testing.assert_allclose(float(value), float(ref_value), rtol=1e-5, atol=1e-5)
+  chex.assert_trees_all_close(grad, ref_grad, rtol=1e-4, atol=1e-5)
+  assert float(jnp.abs(grad["params"]["slot_in"]["kernel"]).max()) > 0.0
+
+
 @pytest.mark.slow  # compiles the rules' matcher; see README for -m slow
 def test_local_head_does_not_depend_on_padding(ruleset):
   agent = Agent(ruleset, _node_costs, AgentConfig(hidden=16, layers=2, heads=2))
