@@ -17,7 +17,8 @@ and the ratios between variants (and to the environment step) are what to read.
 The `before` variant is the learner as it was before issue 14's changes, kept for these side by
 side measurements only: the per-edge attention formulation (`PerEdgeGATLayer`, numerically the
 same network: tests/test_agents.py checks it), node costs recomputed inside every forward and
-gradient pass, and XLA's default compiler options.
+gradient pass, XLA's default compiler options, and the local head over all P slots of every
+rule (`ActorCritic.rule_widths=None`; the head reads each rule's own slots since 2026-12-05).
 """
 
 from __future__ import annotations
@@ -146,6 +147,7 @@ def variant(name: str, trainer: Trainer) -> Variant:
     raise ValueError(f"unknown variant {name!r}; use one of {VARIANTS}")
   a = trainer.agent
   agent = RecomputingAgent(a.ruleset, a.node_cost_fn, a.config)
+  agent.network = agent.network.clone(rule_widths=None)  # the head read all P slots then
   before = Trainer(trainer.config, trainer.env, agent, trainer.devices, xla_options=None)
   return Variant(name, before, per_edge_layers)
 
