@@ -32,6 +32,7 @@ explicitly still win).
 from __future__ import annotations
 
 import gc
+import math
 import time
 from pathlib import Path
 from typing import Any, Mapping
@@ -183,9 +184,10 @@ def benchmark_model(spec, ruleset, coeffs, methods: list[str],
                            kernels=kernels)
     except Exception as e:  # pylint: disable=broad-except
       out = B.failed(method, e, time.perf_counter() - t0)
-    print(f"  {method}: modelled {out.modelled_cost:.4f} ms in {out.seconds:.1f}s (compile "
-          f"{out.compile_seconds:.1f}s, kernel timing {out.kernel_seconds:.1f}s) {out.note}",
-          flush=True)
+    parts = (f" (compile {out.compile_seconds:.1f}s, kernel timing {out.kernel_seconds:.1f}s)"
+             if math.isfinite(out.compile_seconds) else "")
+    print(f"  {method}: modelled {out.modelled_cost:.4f} ms in {out.seconds:.1f}s{parts} "
+          f"{out.note}", flush=True)
     outcomes.append(out)
   against = against or {}
   if spec.label in against:

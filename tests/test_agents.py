@@ -317,8 +317,9 @@ def test_local_head_reads_only_the_slots_each_rule_binds(env, ruleset):
   def both(params, obs):
     out = []
     for a in (agent, every_slot):
-      loss = lambda q, a=a: jnp.sum(jax.nn.log_softmax(a.apply(q, obs)[0])[:-1] * obs.action_mask[:-1]) \
-          + a.apply(q, obs)[1]
+      def loss(q, a=a):
+        logits, value = a.apply(q, obs)
+        return jnp.sum(jax.nn.log_softmax(logits)[:-1] * obs.action_mask[:-1]) + value
       out.append((a.apply(params, obs), jax.grad(loss)(params)))
     return out
 
@@ -330,6 +331,10 @@ def test_local_head_reads_only_the_slots_each_rule_binds(env, ruleset):
   np.testing.assert_allclose(float(value), float(ref_value), rtol=1e-5, atol=1e-5)
   chex.assert_trees_all_close(grad, ref_grad, rtol=1e-4, atol=1e-5)
   assert float(jnp.abs(grad["params"]["slot_in"]["kernel"]).max()) > 0.0
+  bad = Agent(ruleset, _node_costs, SMALL)
+  bad.network = bad.network.clone(rule_widths=widths[:-1])
+  with pytest.raises(AgentError, match="rule_widths"):
+    bad.init(jax.random.PRNGKey(1), obs)
 
 
 @pytest.mark.slow  # compiles the rules' matcher; see README for -m slow

@@ -379,15 +379,17 @@ class ActorCritic(nn.Module):
     n, p, hid = h.shape[0], cand_nodes.shape[-1], self.hidden
     h_pad = jnp.concatenate([h, jnp.zeros([1, hid], h.dtype)])
     widths = self.rule_widths
-    if widths is None or len(widths) != r or max(widths) > p:
+    if widths is None:
       slots = h_pad[jnp.where(cand_nodes >= 0, cand_nodes, n)]  # [R, L, P, H]
       return self.slot_in(slots)
+    if len(widths) != r or max(widths) > p or min(widths) < 1:
+      raise AgentError(f"rule_widths {widths} do not fit {r} rules binding at most {p} nodes")
     self.slot_in(jnp.zeros([1, p, hid], h.dtype))  # creates the parameters at init (dead code after)
     kernel = self.slot_in.variables["params"]["kernel"]  # [P, H, H]
     bias = self.slot_in.variables["params"]["bias"]
     groups: dict[int, list[int]] = {}
     for rule, w in enumerate(widths):
-      groups.setdefault(max(int(w), 1), []).append(rule)
+      groups.setdefault(int(w), []).append(rule)
     parts, order = [], []
     for w, members in sorted(groups.items()):
       nodes = cand_nodes[np.asarray(members), :, :w]  # [R_w, L, w]
