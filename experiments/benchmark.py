@@ -31,6 +31,7 @@ explicitly still win).
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import math
 import time
@@ -38,10 +39,12 @@ from pathlib import Path
 from typing import Any, Mapping
 
 import jax
+import numpy as np
 from absl import app, flags
 
 from experiments.configs import ppo as ppo_configs
 from xrlflow_jax import cost
+from xrlflow_jax.agents import training
 from xrlflow_jax.cost import kernel_table
 from xrlflow_jax import graph as G
 from xrlflow_jax import workflow
@@ -76,6 +79,10 @@ _RANDOM_STEPS = flags.DEFINE_integer("random_steps", 20, "random: steps per roll
 _PPO_TIMESTEPS = flags.DEFINE_integer("ppo_timesteps", 16 * 32 * 50,
                                       "ppo: environment steps of training per model.")
 _PPO_HORIZON = flags.DEFINE_integer("ppo_horizon", 50, "ppo: episode length.")
+_PPO_MINUTES = flags.DEFINE_float("ppo_minutes", 0.0, "ppo: stop training after the first chunk "
+                                  "of updates that ends past this many minutes per model (the "
+                                  "kernel table and compiles included; the row's note says how "
+                                  "many steps it took); 0: all of --ppo_timesteps.")
 _ROUNDS = flags.DEFINE_integer("rounds", 10, "Interleaved timing rounds.")
 _REPEATS = flags.DEFINE_integer("repeats_per_round", 3, "Timed runs per graph per round (at "
                                 "least; see --min_round_ms).")
@@ -87,7 +94,8 @@ _ENV_STEPS = flags.DEFINE_integer("env_steps", 16, "Steps of the steps/s rollout
 _SEED = flags.DEFINE_integer("seed", 0, "Seed of weights, searches and training.")
 _KERNELS = flags.DEFINE_bool("kernel_table", True, "Cost MatMuls and convolutions by their "
                               "measured time, as the optimise job does (PPO's training "
-                              "environment keeps the roofline); false: the roofline alone.")
+                              "environment too: its table is filled by a TASO-style search of "
+                              "--taso_budget first); false: the roofline alone.")
 _COEFFS = flags.DEFINE_string("cost_coefficients", "", "Cost-model JSON ('' = shipped fit).")
 _AGAINST = flags.DEFINE_list("against", [], "model=file.onnx entries: another optimiser's output "
                              "of that model (e.g. TASO's), same inputs, timed beside the methods "
@@ -143,7 +151,8 @@ COLUMNS = [("model", "model", ""), ("nodes_in", "nodes", ""), ("env_steps_per_s"
            ("returned", "guard returns", ""), ("returned_speedup", "after the guard", ".3f"),
            ("seconds", "opt time s", ".1f"), ("compile_seconds", "of which compile s", ".1f"),
            ("kernel_seconds", "kernel timing s", ".1f"),
-           ("rewrites", "rewrites", ""), ("max_rel_error", "max rel err", ".1e"),
+           ("rewrites", "rewrites", ""), ("families_returned", "rule families returned", ""),
+           ("max_rel_error", "max rel err", ".1e"),
            ("note", "note", "")]
 
 
@@ -168,17 +177,20 @@ def benchmark_model(spec, ruleset, coeffs, methods: list[str],
     t0 = time.perf_counter()
     try:
       if method == "ppo":
-        policy = B.train_ppo([spec.label], [graph], [params], ppo_config(spec.source), coeffs,
-                             ruleset, log=lambda s: print("  " + s, flush=True))
+        policy = training.train_ppo(
+            [spec.label], [graph], [params], ppo_config(spec.source), coeffs, ruleset,
+            log=lambda s: print("  " + s, flush=True), kernels=kernels,
+            kernel_budget=_opt("taso_budget"), max_seconds=_PPO_MINUTES.value * 60 or None)
         _, train_cost = policy.best(0)
+        train_initial = float(np.asarray(policy.state.initial_cost)[0])
         rollout = B.policy_outcome(policy, graph, params, samples=_PPO_SAMPLES.value,
                                    label="ppo", seed=_SEED.value, kernels=kernels)
-        out = B.Outcome("ppo", rollout.graph, rollout.modelled_cost,
-                        policy.seconds + rollout.seconds, rollout.rewrites,
-                        f"trained policy: argmax + {_PPO_SAMPLES.value} sampled rollouts after "
-                        f"{policy.env_steps} training steps (training's best graph modelled "
-                        f"x{B.modelled_cost(graph, coeffs) / train_cost:.3f} by the roofline "
-                        "training used)")
+        out = dataclasses.replace(
+            rollout, seconds=policy.seconds + rollout.seconds,
+            note=f"trained policy: argmax + {_PPO_SAMPLES.value} sampled rollouts after "
+                 f"{policy.env_steps} training steps (training's best graph modelled "
+                 f"x{train_initial / train_cost:.3f} by the cost model training used: "
+                 f"{policy.costs_with})")
       else:
         out = B.run_search(method, graph, params, ruleset, coeffs, options[method], _SEED.value,
                            kernels=kernels)

@@ -42,6 +42,7 @@ from absl import app, flags
 
 from experiments.configs import ppo as ppo_configs
 from xrlflow_jax import cost
+from xrlflow_jax.agents import training
 from xrlflow_jax.cost import kernel_table
 from xrlflow_jax import graph as G
 from xrlflow_jax import workflow
@@ -190,12 +191,12 @@ def main(argv: list[str]) -> None:
             f"{_opt('greedy_steps')} steps, taso budget {_opt('taso_budget')}; timing: "
             f"{_opt('rounds')} interleaved rounds x {_opt('repeats_per_round')} runs")
   print(header, flush=True)
-  policy = B.train_ppo([s.label for s in train_specs], [g for g, _ in train_loaded],
-                       [p for _, p in train_loaded], ppo_config(), coeffs, ruleset,
-                       log=lambda s: print(s, flush=True),
-                       max_seconds=_TRAIN_MINUTES.value * 60 or None,
-                       kernels=kernel_table.shared() if _KERNELS.value else None,
-                       kernel_budget=_opt("taso_budget"))
+  policy = training.train_ppo([s.label for s in train_specs], [g for g, _ in train_loaded],
+                              [p for _, p in train_loaded], ppo_config(), coeffs, ruleset,
+                              log=lambda s: print(s, flush=True),
+                              max_seconds=_TRAIN_MINUTES.value * 60 or None,
+                              kernels=kernel_table.shared() if _KERNELS.value else None,
+                              kernel_budget=_opt("taso_budget"))
   B.write_csv([{"update": i + 1, **{k: float(v[i]) for k, v in policy.metrics.items()}}
                for i in range(len(policy.metrics["env_steps"]))], out_dir / "training.csv")
   rows: list[dict[str, Any]] = []

@@ -9,6 +9,7 @@ benchmark, the evaluation) is marked slow (`python -m pytest -m slow`).
 from __future__ import annotations
 
 import csv
+import dataclasses
 import importlib.util
 import json
 import math
@@ -90,6 +91,14 @@ def test_benchmark_quick_one_model(tmp_path, xla_defaults_env):
       # Where a search's time went: parts of its wall time, measured.
       compile_s, kernel_s = float(r["compile_seconds"]), float(r["kernel_seconds"])
       assert 0.0 <= compile_s <= float(r["seconds"]) and 0.0 <= kernel_s <= float(r["seconds"])
+      # The rule families of its path: one count per rewrite, of the two rules' families.
+      counts = [part.rsplit(" ", 1) for part in r["families"].split(", ") if part]
+      assert sum(int(n) for _, n in counts) == int(r["rewrites"]), r
+      assert {f for f, _ in counts} <= {"matmul_activation", "elementwise_algebra"}, r
+      if r["returned"] == "input":
+        assert r["families_returned"] == "", r
+      elif r["returned"] == "graph":
+        assert r["families_returned"] == r["families"], r
     assert float(r["latency_ms"]) > 0, r  # no method failed
     assert float(r["modelled_speedup"]) >= 1.0 - 1e-6  # the modelled guard
     assert int(r["nodes"]) > 0
@@ -120,6 +129,20 @@ def test_benchmark_rows_say_what_the_measured_guard_returns():
   returned = [r["returned_speedup"] for r in rows]
   assert returned[:5] == [1.0, 1.25, 1.0, 1.0, 1.0] and math.isnan(returned[5])
   assert [r["returned"] for r in rows] == ["", "graph", "input", "input", "graph", ""]
+
+  # The rule families of each path, and of the part of it the guard returns.
+  path = ("layout", "conv_activation", "layout", "merge_conv")
+  outcomes = [dataclasses.replace(o, families=path) for o in outcomes]
+  rows = B.outcome_rows({"model": "toy"}, B.Outcome("original", graph, 1.0), outcomes, measured)
+  assert {r["families"] for r in rows[1:]} == {"layout 2, conv_activation 1, merge_conv 1"}
+  assert [r["families_returned"] for r in rows] == [
+      "", "layout 2, conv_activation 1, merge_conv 1", "", "",
+      "layout 2, conv_activation 1, merge_conv 1", ""]  # another optimiser's: no guard of ours
+  measured = dataclasses.replace(measured, returned=[(1.2, "first 3"), (1.0, "input"),
+                                                    (1.0, "input"), (1.1, "first 1"), None])
+  rows = B.outcome_rows({"model": "toy"}, B.Outcome("original", graph, 1.0), outcomes, measured)
+  assert [r["families_returned"] for r in rows] == [
+      "", "layout 2, conv_activation 1", "", "", "layout 1", ""]
 
   # With prefixes timed in the same rounds: the fastest measured faster at the Bonferroni
   # level of 1 + k verdicts (`search.guard.checkpoint_level`), else the input.

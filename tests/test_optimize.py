@@ -19,6 +19,7 @@ from xrlflow_jax import cost, errors, executor, measure, workflow
 from xrlflow_jax import graph as G
 from xrlflow_jax import optimize as opt
 from xrlflow_jax import visualize
+from xrlflow_jax.agents import training
 from xrlflow_jax.search import guard as search_guard
 
 # Enlarging a 1x1 kernel (+0.4% modelled) then merging it with its 3x3 sibling (-3%): TASO finds
@@ -333,8 +334,9 @@ def test_training_rewrites_replay_to_trainings_best_graph():
   loaded = opt.load_source(opt.DEFAULT_MODEL)
   config = opt.ppo_config(budget=4)
   config.env.rules = opt.default_ppo_rules(loaded.graph, int(config.env.max_locations))
-  trainer, ruleset, state, _ = opt.train_ppo(loaded, config, cost.load_coefficients(),
-                                             log=lambda _: None)
+  trained = training.train_ppo([loaded.label], [loaded.graph], [loaded.params], config,
+                               cost.load_coefficients())
+  ruleset, state = trained.run.ruleset, trained.state
   best = G.to_host(jax.tree_util.tree_map(lambda a: np.asarray(a)[0], state.best_graph))
   steps = opt.training_rewrites(loaded.graph, ruleset, state, best)
   count = int(state.best_num_rewrites[0])

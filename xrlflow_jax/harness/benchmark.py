@@ -29,7 +29,7 @@ import numpy as np
 
 from xrlflow_jax import cost, executor, measure, search, workflow
 from xrlflow_jax import graph as G
-from xrlflow_jax.agents import ppo, runs
+from xrlflow_jax.agents.training import TrainedPolicy
 from xrlflow_jax.graph import Graph, ParamStore
 from xrlflow_jax.harness import env_benchmark
 from xrlflow_jax.search import guard
@@ -86,6 +86,7 @@ class Outcome:
     compile_seconds, kernel_seconds: of `seconds`, what the search spent compiling (or waiting
       for its background compiles) and adding kernels to the measured kernel table (NaN where
       the method does not report them).
+    families: the rule family of each rewrite of its path, in order (empty where unknown).
   """
   method: str
   graph: Graph | None
@@ -98,6 +99,7 @@ class Outcome:
   checkpoints: list[Any] = dataclasses.field(default_factory=list)
   compile_seconds: float = float("nan")
   kernel_seconds: float = float("nan")
+  families: tuple[str, ...] = ()
 
 
 def modelled_cost(graph: Graph, coeffs: cost.CostCoefficients,
@@ -129,7 +131,8 @@ def run_search(method: str, graph: Graph, params: ParamStore, ruleset, coeffs, o
   return Outcome(method, r.best_graph, float(r.best_cost_ms), time.perf_counter() - t0,
                  len(r.rewrites), note, checkpoints=prefixes,
                  compile_seconds=float(r.options.get("compile_seconds", float("nan"))),
-                 kernel_seconds=float(r.options.get("kernel_seconds", float("nan"))))
+                 kernel_seconds=float(r.options.get("kernel_seconds", float("nan"))),
+                 families=tuple(guard.rewrite_families(ruleset, r.rewrites)))
 
 
 def reason(error: BaseException) -> str:
@@ -147,122 +150,30 @@ def failed(method: str, error: Exception, seconds: float = 0.0) -> Outcome:
 # PPO: training and policy rollouts
 # ----------------------------------------------------------------------------------------------
 
-@dataclasses.dataclass
-class TrainedPolicy:
-  """A PPO run's result.
-
-  Attributes:
-    run: `agents.runs.Run` (names, graphs, params, coeffs, ruleset, env, agent, trainer).
-    state: the final RunnerState (network params in `state.params`; best graphs per pool graph).
-    metrics: {metric: float32[num_updates]} (see `agents.METRICS`).
-    seconds: wall time of initialisation + training (compile included); env_steps: steps taken.
-  """
-  run: Any
-  state: Any
-  metrics: dict[str, np.ndarray]
-  seconds: float
-  env_steps: int
-
-  def best(self, index: int) -> tuple[Graph, float]:
-    """(best graph seen during training, its modelled cost) of pool graph `index`."""
-    graph = jax.tree_util.tree_map(lambda a: np.asarray(a[index]), self.state.best_graph)
-    return graph, float(np.asarray(self.state.best_cost)[index])
-
-
-def build_run(names: Sequence[str], graphs: Sequence[Graph], params: Sequence[ParamStore],
-              config: Any, coeffs: cost.CostCoefficients, ruleset=None, kernels=None):
-  """An `agents.runs.Run` over given graphs (one capacity) with a config's env/agent/ppo fields
-  (see xrlflow_jax/configs/ppo.py); `ruleset` overrides `config.env.rules`/`max_locations`;
-  `kernels`: a `cost.KernelTable` for the environment's cost model."""
-  return runs.build(config, coeffs=coeffs, pool=(names, graphs, params), ruleset=ruleset,
-                    kernels=kernels)
-
-
-def fill_kernel_table(graphs: Sequence[Graph], params: Sequence[ParamStore], ruleset,
-                      coeffs: cost.CostCoefficients, kernels: cost.KernelTimes, budget: int,
-                      log: Log | None = None) -> cost.KernelTable:
-  """The kernel table a training environment costs with: the kernels of every graph a
-  TASO-style search of `budget` expansions meets from each of `graphs` (the search measures
-  the ones `kernels` lacks). Kernels an episode meets beyond those keep the roofline's
-  estimate inside the jitted environment, which cannot measure them."""
-  before = len(kernels)
-  t0 = time.perf_counter()
-  for g, p in zip(graphs, params):
-    search.optimize(g, p, "taso", ruleset, coeffs, measure=False, kernels=kernels,
-                    budget=budget)
-  if log:
-    log(f"kernel table for training: {len(kernels)} kernels ({len(kernels) - before} added by "
-        f"a TASO-style search of budget {budget} per graph, {time.perf_counter() - t0:.0f}s)")
-  return kernels.table()
-
-
-def train_ppo(names: Sequence[str], graphs: Sequence[Graph], params: Sequence[ParamStore],
-              config: Any, coeffs: cost.CostCoefficients, ruleset=None,
-              log: Log | None = None, *, max_seconds: float | None = None,
-              updates_per_chunk: int = 10, kernels: cost.KernelTimes | None = None,
-              kernel_budget: int = 200) -> TrainedPolicy:
-  """Trains PPO on a pool of graphs, in jitted chunks of `updates_per_chunk` updates (the
-  largest divisor of the run's updates not above it; one compile), logging after each chunk.
-
-  max_seconds: a wall-clock budget (the kernel search and compiles included): training stops
-    after the first chunk that ends past it (None: the config's whole run).
-    `TrainedPolicy.env_steps` says how far it got.
-  kernels: measured kernel times: the environment then costs with them (`fill_kernel_table`
-    with `kernel_budget`), as the searches and the policy's rollouts do; None: the roofline.
-  """
-  t0 = time.perf_counter()
-  table = None
-  if kernels is not None:
-    rs = ruleset if ruleset is not None else workflow.ruleset(config.env.rules,
-                                                              int(config.env.max_locations))
-    table = fill_kernel_table(graphs, params, rs, coeffs, kernels, kernel_budget, log)
-  run = build_run(names, graphs, params, config, coeffs, ruleset, table)
-  cfg = run.trainer.config
-  if log:
-    budget = f", stopping after {max_seconds:.0f}s" if max_seconds else ""
-    costs = "measured kernels" if table is not None else "the roofline"
-    log(f"PPO on {list(names)} (capacity {G.capacity(graphs[0])}): {len(run.ruleset)} rules x "
-        f"{run.ruleset.max_locations} locations, {cfg.num_updates} updates of {cfg.batch_size} "
-        f"steps{budget}; environment costs with {costs}")
-  state = run.trainer.init(jax.random.PRNGKey(int(config.seed)))
-
-  def progress(done, state, metrics, elapsed):
-    if log:
-      ratio = np.asarray(state.best_cost) / np.asarray(state.initial_cost)
-      ret = metrics["episode_return"]
-      ret = float(np.nanmean(ret)) if np.isfinite(ret).any() else float("nan")
-      log(f"  update {done}/{cfg.num_updates}: episode return {ret:.3f}, best cost ratio per "
-          f"graph {', '.join(f'{r:.4f}' for r in ratio)} ({elapsed:.0f}s)")
-  state, metrics, done = ppo.train_in_chunks(run.trainer, state, updates_per_chunk,
-                                             max_seconds=max_seconds, started=t0,
-                                             on_chunk=progress)
-  if log and done < cfg.num_updates:
-    log(f"  stopped at the time budget ({max_seconds:.0f}s) after {done} of "
-        f"{cfg.num_updates} updates")
-  seconds = time.perf_counter() - t0
-  if log:
-    log(f"PPO trained {done * cfg.batch_size} steps in {seconds:.1f}s (compile "
-        f"included); final episode return {float(metrics['episode_return'][-1]):.3f}")
-  return TrainedPolicy(run, state, metrics, seconds, done * cfg.batch_size)
-
-
 def policy_outcome(policy: TrainedPolicy, graph: Graph, params: ParamStore, *, samples: int,
                    label: str, steps: int | None = None, seed: int = 0,
-                   kernels: cost.KernelTimes | None = None) -> Outcome:
+                   kernels: cost.KernelTimes | None = None,
+                   checkpoints: int = guard.DEFAULT_CHECKPOINTS) -> Outcome:
   """The trained policy on a (possibly unseen) graph, through the policy search driver (the
   one policy-inference path: `search.optimize(..., "policy")`, observations as in training):
   the argmax rollout and `samples` sampled ones, the cheapest graph any reached under the cost
   model (the input when nothing is cheaper; with `kernels`, costed with the measured kernel
-  table, though training's environment used the roofline), with its replayable rewrite
-  count."""
+  table, which training's environment also used when it was given one:
+  `policy.costs_with`), with its replayable rewrite count and up to `checkpoints` prefixes of
+  its path for the measured guard, as `run_search`'s."""
   run = policy.run
   t0 = time.perf_counter()
   expander = search.get_expander(run.ruleset, run.coeffs, kernels)
   r = search.optimize(graph, params, "policy", expander=expander, agent=run.agent,
                       network_params=policy.state, env=run.env, steps=steps,
                       num_samples=samples, seed=seed)
+  prefixes = []
+  if checkpoints and not r.returned_input:
+    prefixes = guard.checkpoint_prefixes(expander, graph, list(r.rewrites), r.initial_cost_ms,
+                                         checkpoints)
   return Outcome(label, r.best_graph, float(r.best_cost_ms), time.perf_counter() - t0,
-                 len(r.rewrites))
+                 len(r.rewrites), checkpoints=prefixes,
+                 families=tuple(guard.rewrite_families(run.ruleset, r.rewrites)))
 
 
 def policy_outcomes(policy: TrainedPolicy, graph: Graph, params: ParamStore, *,
@@ -402,7 +313,9 @@ def outcome_rows(base: Mapping[str, Any], original: Outcome, outcomes: Sequence[
   optimise job's measured guard returns (`returned`: "graph", "first k" rewrites of its
   path, or "input"; `returned_speedup`: its measured speedup, the input's 1.0; from
   `measured.returned`, else the graph when its verdict keeps it; n/a for another optimiser's
-  graph), time, rewrites, max relative error, status ("ok" or "failed") and note."""
+  graph), time, rewrites, the rule families of the method's path and of what the guard
+  returns (`families`, `families_returned`: "family count, ..."), max relative error, status
+  ("ok" or "failed") and note."""
   nan = float("nan")
   rows = [{**base, "method": "original", "nodes": G.num_nodes(original.graph),
            "modelled_ms": original.modelled_cost, "modelled_speedup": 1.0,
@@ -410,7 +323,8 @@ def outcome_rows(base: Mapping[str, Any], original: Outcome, outcomes: Sequence[
            "latency_iqr_ms": measured.original.iqr_ms, "measured_speedup": 1.0,
            "speedup_low": nan, "speedup_high": nan, "verdict": "reference",
            "returned_speedup": 1.0, "returned": "", "seconds": 0.0, "compile_seconds": nan,
-           "kernel_seconds": nan, "rewrites": 0, "max_rel_error": 0.0, "status": "ok", "note": ""}]
+           "kernel_seconds": nan, "rewrites": 0, "families": "", "families_returned": "",
+           "max_rel_error": 0.0, "status": "ok", "note": ""}]
   guards = measured.returned or [None] * len(outcomes)
   for o, s, v, n, got in zip(outcomes, measured.stats, measured.speedups, measured.numerics,
                              guards):
@@ -431,10 +345,23 @@ def outcome_rows(base: Mapping[str, Any], original: Outcome, outcomes: Sequence[
         "returned": "" if not guarded else returned[1],
         "seconds": o.seconds, "compile_seconds": o.compile_seconds,
         "kernel_seconds": o.kernel_seconds, "rewrites": "" if o.rewrites is None else o.rewrites,
+        "families": guard.family_counts(o.families),
+        "families_returned": (guard.family_counts(_returned_path(o.families, returned[1]))
+                              if guarded else ""),
         "max_rel_error": n.max_rel_error if ok and o.outputs_comparable else nan,
         "status": "ok" if ok and not differ else "failed",
         "note": o.note + (f" OUTPUTS DIFFER ({n.describe()})" if differ else "")})
   return rows
+
+
+def _returned_path(families: Sequence[str], returned: str) -> Sequence[str]:
+  """The families of the rewrites the guard returns: all for "graph", the first k for
+  "first k", none for "input"."""
+  if returned == "graph":
+    return families
+  if returned.startswith("first "):
+    return families[:int(returned.split()[1])]
+  return ()
 
 
 def failed_row(base: Mapping[str, Any], error: BaseException, what: str = "failed"

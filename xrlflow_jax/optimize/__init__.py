@@ -38,7 +38,7 @@ from xrlflow_jax.optimize.checks import (MEMORY_SHARE, METHODS, OptimizeError, c
                                          parse_input_shapes)
 from xrlflow_jax.optimize.methods import (BUDGET_OPTION, Found, default_ppo_rules, ppo_config,
                                           rules_match, ruleset_for_replay, run_ppo, run_search,
-                                          train_ppo, training_rewrites)
+                                          training_rewrites)
 from xrlflow_jax.optimize.pipeline import (DEFAULT_MODEL, load_source, measured_guard,
                                            optimize_model)
 from xrlflow_jax.optimize.report import OptimizeReport, default_output_dir, write_outputs
@@ -51,5 +51,5 @@ __all__ = [
     "default_output_dir", "default_ppo_rules", "device_memory_bytes", "fit_capacity",
     "load_source", "measured_guard", "memory_need", "optimize_model", "parse_input_shape",
     "parse_input_shapes", "ppo_config", "rules_match", "ruleset_for_replay", "run_ppo",
-    "run_search", "train_ppo", "training_rewrites", "write_outputs",
+    "run_search", "training_rewrites", "write_outputs",
 ]

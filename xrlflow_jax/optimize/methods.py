@@ -13,7 +13,7 @@ import numpy as np
 
 from xrlflow_jax import cost, search, workflow
 from xrlflow_jax import graph as G
-from xrlflow_jax.agents import ppo, runs
+from xrlflow_jax.agents import training
 from xrlflow_jax.configs import ppo as ppo_configs
 from xrlflow_jax.graph import layout
 from xrlflow_jax.optimize.checks import OptimizeError
@@ -147,55 +147,44 @@ def default_ppo_rules(graph: layout.Graph, max_locations: int) -> tuple[str, ...
   raise OptimizeError("no built-in rule applies anywhere in this graph; nothing to optimise")
 
 
-def train_ppo(loaded: Loaded, config: Any, coeffs: cost.CostCoefficients,
-              log: Callable[[str], None] = print):
-  """Builds the environment, agent and trainer on `loaded` and trains in chunks.
-
-  Returns:
-    (trainer, ruleset, runner_state, seconds): the final RunnerState holds the network params
-    (`.params`) and the best graph training met (`.best_graph`, `.best_cost`, leading [1]).
-  """
-  ruleset = _ruleset(config.env.rules, int(config.env.max_locations))
-  run = runs.build(config, jax.devices()[:1], coeffs, ruleset=ruleset,
-                   pool=([loaded.label], [loaded.graph], [loaded.params]))
-  trainer = run.trainer
-  t0 = time.perf_counter()
-  state = trainer.init(jax.random.PRNGKey(int(config.seed)))
-  total = trainer.config.num_updates
-
-  def progress(done, state, metrics, elapsed):
-    ret = float(np.nanmean(metrics["episode_return"][-1:]))
-    best = float(np.asarray(state.best_cost)[0] / np.asarray(state.initial_cost)[0])
-    log(f"  ppo update {done}/{total}: return {ret:.3f}, best cost ratio {best:.4f} "
-        f"({elapsed:.1f}s)")
-  state, _, _ = ppo.train_in_chunks(trainer, state, int(config.updates_per_chunk), started=t0,
-                                    on_chunk=progress)
-  return trainer, ruleset, state, time.perf_counter() - t0
-
-
 def run_ppo(loaded: Loaded, coeffs: cost.CostCoefficients, *, budget: int | None = None,
             seed: int = 0, rules: Sequence[str] | None = None,
             options: Mapping[str, Any] | None = None,
+            kernels: cost.KernelTimes | None = None,
+            checkpoints: int = guard_lib.DEFAULT_CHECKPOINTS,
             log: Callable[[str], None] = print) -> Found:
-  """Short PPO training, then the policy as a search driver; the better graph by modelled cost
-  of the policy's result and the best graph training met (ties go to the policy, whose rewrite
-  sequence is known)."""
+  """Short PPO training (`agents.training.train_ppo`; with `kernels`, its environment costs
+  with the measured kernel table, as the searches do), then the policy as a search driver; the
+  better graph by modelled cost of the policy's result and the best graph training met (ties go
+  to the policy, whose rewrite sequence is known), both costed by the search's model (with
+  `kernels`, measuring what training's table lacked). The Found carries up to `checkpoints`
+  prefixes of its path for the measured guard, as `run_search`'s."""
   config = ppo_config(budget, seed, rules)
   if not rules:
     config.env.rules = default_ppo_rules(loaded.graph, int(config.env.max_locations))
-  trainer, ruleset, state, train_s = train_ppo(loaded, config, coeffs, log)
-  train_cost = float(np.asarray(state.best_cost)[0])
-  train_graph = layout.to_host(jax.tree_util.tree_map(lambda a: np.asarray(a)[0],
-                                                      state.best_graph))
-  details: dict[str, Any] = {"train_seconds": train_s, "train_updates":
-                             trainer.config.num_updates, "train_best_cost_ms": train_cost,
+  ruleset = _ruleset(config.env.rules, int(config.env.max_locations))
+  trained = training.train_ppo([loaded.label], [loaded.graph], [loaded.params], config, coeffs,
+                               ruleset, log=lambda s: log("  " + s),
+                               updates_per_chunk=int(config.updates_per_chunk),
+                               kernels=kernels, devices=jax.devices()[:1])
+  state = trained.state
+  expander = search.get_expander(ruleset, coeffs, kernels)
+  train_graph, train_cost = trained.best(0)
+  train_graph = layout.to_host(train_graph)
+  if kernels is not None:  # the environment's table may lack some of this graph's kernels
+    train_cost = float(expander.cost(train_graph))
+  details: dict[str, Any] = {"train_seconds": trained.seconds,
+                             "train_updates": int(np.asarray(state.update)),
+                             "train_best_cost_ms": train_cost,
+                             "train_cost_model": trained.costs_with,
                              **_ruleset_details(ruleset, config.env.rules)}
-  policy = search.optimize(loaded.graph, loaded.params, "policy", ruleset, coeffs, measure=False,
-                           seed=seed, **_policy_options(trainer, state, options))
+  policy = search.optimize(loaded.graph, loaded.params, "policy", expander=expander, seed=seed,
+                           measure=False, **_policy_options(trained, options))
   found = _found_from_result(policy, "policy")
   log(f"  policy: modelled cost {found.initial_cost_ms:.4f} -> {found.cost_ms:.4f} ms with "
       f"{len(found.rewrites or [])} rewrites; training's best {train_cost:.4f} ms")
   details.update({"policy_cost_ms": found.cost_ms, "policy": found.details})
+  path = list(policy.rewrites)
   if train_cost < found.cost_ms * (1.0 - 1e-6):
     steps = training_rewrites(loaded.graph, ruleset, state, train_graph)
     if steps is None:  # cannot happen unless replay and the environment disagree: say so
@@ -205,7 +194,11 @@ def run_ppo(loaded: Loaded, coeffs: cost.CostCoefficients, *, budget: int | None
     else:
       found = Found(train_graph, train_cost, found.initial_cost_ms, steps, "training", {})
       details["training_rewrites"] = len(steps)
+      path = [search.RewriteStep.from_json(s) for s in steps]
   found.details = details
+  if checkpoints and path and found.cost_ms < found.initial_cost_ms:
+    found.checkpoints = guard_lib.checkpoint_prefixes(expander, loaded.graph, path,
+                                                      found.initial_cost_ms, checkpoints)
   return found
 
 
@@ -227,11 +220,11 @@ def training_rewrites(graph: layout.Graph, ruleset: Any, state: Any,
   return [s.to_json() for s in steps]
 
 
-def _policy_options(trainer: Any, state: Any, options: Mapping[str, Any] | None
+def _policy_options(trained: training.TrainedPolicy, options: Mapping[str, Any] | None
                     ) -> dict[str, Any]:
   """Keyword arguments that hand the trained agent to the policy driver."""
   opts = dict(options or {})
-  opts.setdefault("agent", trainer.agent)
-  opts.setdefault("network_params", state.params)
-  opts.setdefault("env", trainer.env)
+  opts.setdefault("agent", trained.run.agent)
+  opts.setdefault("network_params", trained.state.params)
+  opts.setdefault("env", trained.run.env)
   return opts

@@ -151,14 +151,15 @@ def optimize_model(source: str = DEFAULT_MODEL, *, method: str = "ppo", size: st
     checkpoints: prefixes of the search's rewrites timed beside its graph (where the rule
       family changes, the last ones: `search.guard.checkpoint_lengths`); the guard returns the
       fastest of them and the whole path among those measured significantly faster, every
-      verdict at the level 1 - 0.05 / (1 + checkpoints) (0: the whole path alone). Not for
-      "ppo".
+      verdict at the level 1 - 0.05 / (1 + checkpoints) (0: the whole path alone); for "ppo",
+      prefixes of the returned path (the policy's or training's best).
     compilation_cache_dir: JAX's persistent compilation cache (None: `$XRLFLOW_COMPILATION_CACHE`
       or the per-user default; "off": none), see `compilation_cache.enable`.
     kernel_table: the searches cost MatMuls and convolutions by their measured time on this
       device (`cost.kernel_table`; each kernel measured once and kept in the profiler's
       on-disk cache, `$XRLFLOW_PROFILE_CACHE` or ~/.cache/xrlflow_jax/profiles); False: the
-      model's roofline alone. Not used by "ppo" (training's environment costs by the model).
+      model's roofline alone. "ppo": training's environment costs with the table too, filled
+      first by a TASO-style search from the input (`agents.training.fill_kernel_table`).
     against: an ONNX file of the same model optimised by another tool (e.g. TASO's output),
       taking the same inputs: timed in the same interleaved rounds as the input and the
       result, its outputs checked against the input's when both files carry their weights
@@ -205,22 +206,23 @@ def optimize_model(source: str = DEFAULT_MODEL, *, method: str = "ppo", size: st
 
   t = time.perf_counter()
   log(f"searching with {method}" + (f" (budget {budget})" if budget else "") + " ...")
+  kernels = kernel_table_lib.shared() if kernel_table else None
   if method == "ppo":
     found = methods.run_ppo(loaded, coeffs, budget=budget, seed=seed, rules=rules,
-                    options=search_options, log=log)
+                            options=search_options, kernels=kernels,
+                            checkpoints=checkpoints if measure else 0, log=log)
   else:
     opts = dict(search_options or {})
     if budget is not None:
       opts.setdefault(BUDGET_OPTION[method], int(budget))
-    kernels = kernel_table_lib.shared() if kernel_table else None
     found = methods.run_search(loaded, method, coeffs, seed=seed, rules=rules, options=opts,
                                kernels=kernels, checkpoints=checkpoints if measure else 0)
-    if kernels is not None:
-      found.details["cost_model"] = (
-          f"measured kernel table ({len(kernels)} kernels known, "
-          f"{kernels.measured} measured in this process)")
-    else:
-      found.details["cost_model"] = "roofline"
+  if kernels is not None:
+    found.details["cost_model"] = (
+        f"measured kernel table ({len(kernels)} kernels known, "
+        f"{kernels.measured} measured in this process)")
+  else:
+    found.details["cost_model"] = "roofline"
   times["search"] = time.perf_counter() - t
   found.details["compilation_cache"] = str(cache_dir) if cache_dir else "off"
   compiled = float(found.details.get("options", {}).get("compile_seconds", 0.0))

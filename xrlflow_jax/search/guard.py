@@ -127,14 +127,28 @@ def finish(method: str, input_graph: layout.Graph, best_graph: layout.Graph,
       found_rewrites=found_rewrites, options=options)
 
 
+def rewrite_families(ruleset: Any, rewrites: Sequence[RewriteStep]) -> list[str]:
+  """The rule family of each step of a path of `rewrites` found with `ruleset`, in order."""
+  families = {r.name: r.family for r in ruleset.rules}
+  return [families[s.rule] for s in rewrites]
+
+
+def family_counts(families: Sequence[str]) -> str:
+  """"family count, ..." of a path's families, most frequent first (ties by name); "" for an
+  empty path: what a report says made a graph."""
+  counts: dict[str, int] = {}
+  for f in families:
+    counts[f] = counts.get(f, 0) + 1
+  return ", ".join(f"{f} {n}" for f, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
+
+
 def checkpoint_prefixes(expander: Expander, graph: layout.Graph,
                         rewrites: Sequence[RewriteStep], initial_cost: float,
                         count: int) -> list[Checkpoint]:
   """The `checkpoint_lengths` prefixes of `rewrites` (found on `graph` with `expander`'s
   rules), replayed and costed; only those modelled cheaper than the input."""
-  families = {r.name: r.family for r in expander.ruleset.rules}
   out = []
-  for k in checkpoint_lengths([families[s.rule] for s in rewrites], count):
+  for k in checkpoint_lengths(rewrite_families(expander.ruleset, rewrites), count):
     g = replay(graph, expander, rewrites[:k])
     c = expander.cost(g)
     if improves(c, initial_cost):

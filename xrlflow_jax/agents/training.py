@@ -1,0 +1,133 @@
+"""Training a PPO policy on a pool of graphs: the one training path of the optimise job's "ppo"
+method, the benchmark's PPO column and the generalisation experiment.
+
+    policy = training.train_ppo(["squeezenet"], [graph], [params], config, coeffs,
+                                kernels=kernel_table.shared())
+    policy.best(0)  # (best graph training met, its modelled cost)
+
+With `kernels` (a `cost.KernelTimes`), the environment costs graphs with the measured kernel
+table that the searches, the policy's rollouts and the measured guard are judged by, so the
+policy can learn the layout and grouped-convolution changes that only measured kernels show;
+without it, with the analytic roofline.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any, Callable, Sequence
+
+import jax
+import numpy as np
+
+from xrlflow_jax import cost, search, workflow
+from xrlflow_jax import graph as G
+from xrlflow_jax.agents import ppo, runs
+from xrlflow_jax.graph import Graph, ParamStore
+
+Log = Callable[[str], None]
+
+# Graphs a TASO-style search expands from each training graph to fill the kernel table.
+DEFAULT_KERNEL_BUDGET = 200
+
+
+@dataclasses.dataclass
+class TrainedPolicy:
+  """A PPO run's result.
+
+  Attributes:
+    run: `agents.runs.Run` (names, graphs, params, coeffs, ruleset, env, agent, trainer).
+    state: the final RunnerState (network params in `state.params`; best graphs per pool graph).
+    metrics: {metric: float32[updates run]} (see `agents.METRICS`).
+    seconds: wall time of the kernel table, initialisation and training (compiles included);
+    env_steps: steps taken.
+    costs_with: "measured kernels" or "the roofline" (the environment's cost model).
+  """
+  run: Any
+  state: Any
+  metrics: dict[str, np.ndarray]
+  seconds: float
+  env_steps: int
+  costs_with: str = "the roofline"
+
+  def best(self, index: int) -> tuple[Graph, float]:
+    """(best graph seen during training, host arrays; its cost under the environment's model)
+    of pool graph `index`."""
+    graph = jax.tree_util.tree_map(lambda a: np.asarray(a[index]), self.state.best_graph)
+    return graph, float(np.asarray(self.state.best_cost)[index])
+
+
+def fill_kernel_table(graphs: Sequence[Graph], params: Sequence[ParamStore], ruleset,
+                      coeffs: cost.CostCoefficients, kernels: cost.KernelTimes,
+                      budget: int = DEFAULT_KERNEL_BUDGET, log: Log | None = None
+                      ) -> cost.KernelTable:
+  """The kernel table a training environment costs with: the kernels of every graph a
+  TASO-style search of `budget` expansions meets from each of `graphs` (the search measures
+  the ones `kernels` lacks). Kernels an episode meets beyond those keep the roofline's
+  estimate inside the jitted environment, which cannot measure them."""
+  before = len(kernels)
+  t0 = time.perf_counter()
+  for g, p in zip(graphs, params):
+    search.optimize(g, p, "taso", ruleset, coeffs, measure=False, kernels=kernels,
+                    budget=budget)
+  if log:
+    log(f"kernel table for training: {len(kernels)} kernels ({len(kernels) - before} added by "
+        f"a TASO-style search of budget {budget} per graph, {time.perf_counter() - t0:.0f}s)")
+  return kernels.table()
+
+
+def train_ppo(names: Sequence[str], graphs: Sequence[Graph], params: Sequence[ParamStore],
+              config: Any, coeffs: cost.CostCoefficients, ruleset=None,
+              log: Log | None = None, *, max_seconds: float | None = None,
+              updates_per_chunk: int = 10, kernels: cost.KernelTimes | None = None,
+              kernel_budget: int = DEFAULT_KERNEL_BUDGET,
+              devices: Sequence[jax.Device] | None = None) -> TrainedPolicy:
+  """Trains PPO on a pool of graphs (one capacity), in jitted chunks of `updates_per_chunk`
+  updates (the largest divisor of the run's updates not above it; one compile), logging after
+  each chunk.
+
+  Args:
+    config: a PPO config (xrlflow_jax/configs/ppo.py); `ruleset` overrides its
+      `env.rules` / `max_locations`.
+    max_seconds: a wall-clock budget (the kernel table and compiles included): training stops
+      after the first chunk that ends past it (None: the config's whole run);
+      `TrainedPolicy.env_steps` says how far it got.
+    kernels: measured kernel times: the environment then costs with them (`fill_kernel_table`
+      with `kernel_budget`), as the searches and the policy's rollouts do; None: the roofline.
+    devices: the trainer's devices (default: every local device).
+  """
+  t0 = time.perf_counter()
+  table = None
+  if kernels is not None:
+    rs = ruleset if ruleset is not None else workflow.ruleset(config.env.rules,
+                                                              int(config.env.max_locations))
+    table = fill_kernel_table(graphs, params, rs, coeffs, kernels, kernel_budget, log)
+  run = runs.build(config, devices, coeffs=coeffs, pool=(names, graphs, params),
+                   ruleset=ruleset, kernels=table)
+  cfg = run.trainer.config
+  costs_with = "measured kernels" if table is not None else "the roofline"
+  if log:
+    budget = f", stopping after {max_seconds:.0f}s" if max_seconds else ""
+    log(f"PPO on {list(names)} (capacity {G.capacity(graphs[0])}): {len(run.ruleset)} rules x "
+        f"{run.ruleset.max_locations} locations, {cfg.num_updates} updates of {cfg.batch_size} "
+        f"steps{budget}; environment costs with {costs_with}")
+  state = run.trainer.init(jax.random.PRNGKey(int(config.seed)))
+
+  def progress(done, state, metrics, elapsed):
+    if log:
+      ratio = np.asarray(state.best_cost) / np.asarray(state.initial_cost)
+      ret = metrics["episode_return"]
+      ret = float(np.nanmean(ret)) if np.isfinite(ret).any() else float("nan")
+      log(f"  update {done}/{cfg.num_updates}: episode return {ret:.3f}, best cost ratio per "
+          f"graph {', '.join(f'{r:.4f}' for r in ratio)} ({elapsed:.0f}s)")
+  state, metrics, done = ppo.train_in_chunks(run.trainer, state, updates_per_chunk,
+                                             max_seconds=max_seconds, started=t0,
+                                             on_chunk=progress)
+  if log and done < cfg.num_updates:
+    log(f"  stopped at the time budget ({max_seconds:.0f}s) after {done} of "
+        f"{cfg.num_updates} updates")
+  seconds = time.perf_counter() - t0
+  if log:
+    log(f"PPO trained {done * cfg.batch_size} steps in {seconds:.1f}s (compile "
+        f"included); final episode return {float(metrics['episode_return'][-1]):.3f}")
+  return TrainedPolicy(run, state, metrics, seconds, done * cfg.batch_size, costs_with)
