@@ -12,7 +12,9 @@ steps, then the trained policy's own rollouts: argmax + --ppo_samples sampled, t
 optimisation wall time (compiles included) and the rewrites applied; and the environment's
 throughput (steps/s of a random valid-action policy, vmapped over --env_envs environments).
 
-Every method uses the same rules (--rules, --max_locations) and cost model. All graphs of a
+Every method uses the same rules (--rules; by default every built-in rule, as the optimise
+job) and cost model; the searches keep --max_locations locations per rule (default the optimise
+job's, 64), PPO's environment --ppo_max_locations (its action space; default 16). All graphs of a
 model, original included, are compiled and timed interleaved in one process
 (`measure.compare`: --rounds rounds of --repeats_per_round runs each, more for a fast graph so
 that a round lasts --min_round_ms, in a fresh random order per round, with an identical copy of
@@ -51,6 +53,7 @@ from xrlflow_jax import workflow
 from xrlflow_jax.errors import XrlflowError
 from xrlflow_jax.harness import benchmark as B
 from xrlflow_jax.harness import machine
+from xrlflow_jax.rules.compile import DEFAULT_MAX_LOCATIONS
 
 _MODELS = flags.DEFINE_list("models", [], "Zoo names, ONNX paths or ../shared/models stems "
                             "(default: every zoo model and every ../shared/models file).")
@@ -62,9 +65,14 @@ _QUICK = flags.DEFINE_bool("quick", False, "Two tiny models, cheap budgets.")
 _ALLOW_FAILURES = flags.DEFINE_bool(
     "allow_failures", False, "Exit 0 even when a row failed (a model that did not load, a "
     "method that raised, outputs that differ); the tables record each failure either way.")
-_RULES = flags.DEFINE_list("rules", list(ppo_configs.DEFAULT_RULES),
-                           "Built-in rule names, or 'all' (every method uses these).")
-_LOCATIONS = flags.DEFINE_integer("max_locations", 16, "Locations kept per rule.")
+_RULES = flags.DEFINE_list("rules", ["builtin"], "Rules and rule sets, as the optimise job's "
+                           "--rules: built-in rule names, 'builtin' (the default), families, "
+                           "'taso:<file>' (every method uses these).")
+_LOCATIONS = flags.DEFINE_integer("max_locations", DEFAULT_MAX_LOCATIONS,
+                                  "Locations kept per rule by the searches (the optimise job's "
+                                  "default).")
+_PPO_LOCATIONS = flags.DEFINE_integer("ppo_max_locations", 16, "Locations kept per rule by PPO's "
+                                      "environment: its action space is rules x this.")
 _CAPACITY = flags.DEFINE_integer("capacity", 0, "Node slots (<= 0: workflow.fitted_capacity, "
                                  "1.3 x the nodes rounded up to 64).")
 _GREEDY_STEPS = flags.DEFINE_integer("greedy_steps", 100, "greedy: max rewrites.")
@@ -108,7 +116,7 @@ QUICK = {"size": "tiny", "capacity": 0, "rules": ["merge_conv_shared_input_bias"
                                                    "conv_bias_relu_fuse",
                                                    "merge_matmul_shared_input_3",
                                                    "matmul_gelu_fuse", "add_commute"],
-         "max_locations": 4, "greedy_steps": 8, "taso_budget": 6, "beam_width": 2,
+         "max_locations": 4, "ppo_max_locations": 4, "greedy_steps": 8, "taso_budget": 6, "beam_width": 2,
          "beam_steps": 3, "random_rollouts": 2, "random_steps": 4, "ppo_timesteps": 4 * 4 * 2,
          "ppo_horizon": 6, "rounds": 5, "repeats_per_round": 1, "min_round_ms": 5.0, "env_envs": 4,
          "env_steps": 4}
@@ -156,19 +164,22 @@ COLUMNS = [("model", "model", ""), ("nodes_in", "nodes", ""), ("env_steps_per_s"
            ("note", "note", "")]
 
 
-def benchmark_model(spec, ruleset, coeffs, methods: list[str],
+def benchmark_model(spec, ruleset, ppo_ruleset, coeffs, methods: list[str],
                     against: Mapping[str, str] | None = None) -> list[dict[str, Any]]:
   """Every method on one model, and `against[spec.label]` when given (`--against`); rows for
-  the report (original first)."""
+  the report (original first). `ruleset`: the searches'; `ppo_ruleset`: the same rules with
+  PPO's environment's locations (the environment's throughput is measured on it)."""
   cap = _opt("capacity")
   loaded, = workflow.load_many([spec], capacity=cap if cap > 0 else None, seed=_SEED.value)
   graph, params = loaded.graph, loaded.params
   G.validate(graph, params)
+  # As the optimise job: rules whose source ops cannot occur in this graph are not compiled.
+  ruleset, ppo_ruleset = (workflow.that_can_fire(r, [graph]) for r in (ruleset, ppo_ruleset))
   kernels = kernel_table.shared() if _KERNELS.value else None
   original = B.Outcome("original", graph, B.modelled_cost(graph, coeffs, kernels))
   print(f"\n## {spec.label}: {G.num_nodes(graph)} nodes, capacity {G.capacity(graph)}, "
-        f"modelled {original.modelled_cost:.4f} ms", flush=True)
-  steps_per_s = B.env_steps_per_second(graph, ruleset, coeffs, num_envs=_opt("env_envs"),
+        f"modelled {original.modelled_cost:.4f} ms; {len(ruleset)} rules can fire", flush=True)
+  steps_per_s = B.env_steps_per_second(graph, ppo_ruleset, coeffs, num_envs=_opt("env_envs"),
                                        steps=_opt("env_steps"), seed=_SEED.value)
   print(f"  environment: {steps_per_s:.0f} steps/s (random policy)", flush=True)
   options = search_options()
@@ -178,7 +189,7 @@ def benchmark_model(spec, ruleset, coeffs, methods: list[str],
     try:
       if method == "ppo":
         policy = training.train_ppo(
-            [spec.label], [graph], [params], ppo_config(spec.source), coeffs, ruleset,
+            [spec.label], [graph], [params], ppo_config(spec.source), coeffs, ppo_ruleset,
             log=lambda s: print("  " + s, flush=True), kernels=kernels,
             kernel_budget=_opt("taso_budget"), max_seconds=_PPO_MINUTES.value * 60 or None)
         _, train_cost = policy.best(0)
@@ -209,7 +220,7 @@ def benchmark_model(spec, ruleset, coeffs, methods: list[str],
       repeats_per_round=_opt("repeats_per_round"), min_round_ms=_opt("min_round_ms"),
       own_params=[o.params for o in outcomes], checkpoints=[o.checkpoints for o in outcomes],
       seed=_SEED.value)
-  base = {"model": spec.label, "nodes_in": G.num_nodes(graph),
+  base = {"model": spec.label, "nodes_in": G.num_nodes(graph), "rules": len(ruleset),
           "env_steps_per_s": steps_per_s}
   return B.outcome_rows(base, original, outcomes, measured)
 
@@ -250,8 +261,10 @@ def main(argv: list[str]) -> None:
   out_dir.mkdir(parents=True, exist_ok=True)
   coeffs = cost.coefficients(_COEFFS.value or None)
   ruleset = B.make_ruleset(_opt("rules"), _opt("max_locations"))
-  header = (f"# xrlflow_jax benchmark\n\n{machine.machine_header()}\n- rules: {len(ruleset)} x "
-            f"{ruleset.max_locations} locations; budgets: {search_options()}, ppo "
+  ppo_ruleset = B.make_ruleset(_opt("rules"), _opt("ppo_max_locations"))
+  header = (f"# xrlflow_jax benchmark\n\n{machine.machine_header()}\n- rules: {len(ruleset)} "
+            f"({', '.join(_opt('rules'))}) x {ruleset.max_locations} locations (PPO's "
+            f"environment: x {ppo_ruleset.max_locations}); budgets: {search_options()}, ppo "
             f"{_opt('ppo_timesteps')} steps (horizon {_opt('ppo_horizon')}); timing: "
             f"{_opt('rounds')} interleaved rounds x {_opt('repeats_per_round')} runs (more for a "
             f"fast graph: a round lasts >= {_opt('min_round_ms'):g} ms)")
@@ -259,7 +272,7 @@ def main(argv: list[str]) -> None:
   rows: list[dict[str, Any]] = []
   for done, spec in enumerate(specs, 1):
     try:
-      new_rows = benchmark_model(spec, ruleset, coeffs, methods, against)
+      new_rows = benchmark_model(spec, ruleset, ppo_ruleset, coeffs, methods, against)
     except XrlflowError as e:  # a model this project refuses: a failed row with its reason
       print(f"  {spec.label}: failed ({type(e).__name__}: {str(e)[:200]})", flush=True)
       new_rows = [B.failed_row({"model": spec.label}, e)]

@@ -20,7 +20,6 @@ from xrlflow_jax.optimize.checks import OptimizeError
 from xrlflow_jax.rules.library import builtin_rules
 from xrlflow_jax.search import guard as guard_lib
 from xrlflow_jax.search.guard import Checkpoint
-from xrlflow_jax.rules.ruleset import graph_op_codes, rules_that_can_fire
 from xrlflow_jax.workflow import Loaded
 
 # What `budget` means for each search method (the option of `search.optimize` it sets).
@@ -70,9 +69,7 @@ def run_search(loaded: Loaded, method: str, coeffs: cost.CostCoefficients, *, se
   (`search.guard.checkpoint_lengths`) for the measured guard."""
   if rules:
     selected = _ruleset(rules, max_locations)
-    firing = (rules_that_can_fire(selected.rules, graph_op_codes([loaded.graph]))
-              or selected.rules[:1])  # a RuleSet needs a rule; this one then finds nothing
-    ruleset = workflow.subset(selected, [r.name for r in firing])
+    ruleset = workflow.that_can_fire(selected, [loaded.graph])
     kept = f"{len(ruleset)} of the {len(selected)} selected rules can fire on this graph"
   else:
     ruleset = search.default_ruleset(loaded.graph)

@@ -28,10 +28,12 @@ from pathlib import Path
 from typing import Sequence
 
 from xrlflow_jax.errors import UsageError
+from xrlflow_jax.graph import layout
 from xrlflow_jax.rules import RuleSet
 from xrlflow_jax.rules import taso
 from xrlflow_jax.rules.library import OPT_IN_FAMILIES, builtin_rules
 from xrlflow_jax.rules.pattern import Rule
+from xrlflow_jax.rules.ruleset import graph_op_codes, rules_that_can_fire
 
 TASO_ENV = "XRLFLOW_TASO_RULES"
 SETS = ("all", "builtin", "layout", "family:<name>", "taso:<path>", "taso")
@@ -151,6 +153,15 @@ def subset(rules: RuleSet, names: Sequence[str]) -> RuleSet:
   """A RuleSet of some of `rules`' rules (by name, in `rules`' order), cached like `ruleset`."""
   keep = set(names)
   return _subset(rules, tuple(n for n in rules.names if n in keep))
+
+
+def that_can_fire(rules: RuleSet, graphs: Sequence[layout.Graph]) -> RuleSet:
+  """`subset` of the rules that can fire on `graphs` (`rules.rules_that_can_fire` over their
+  op codes; rules whose source ops cannot occur would be compiled for nothing): what the
+  optimise job and the benchmark search with. Keeps the first rule when none can fire (a
+  RuleSet needs one; it then finds nothing)."""
+  firing = rules_that_can_fire(rules.rules, graph_op_codes(graphs)) or rules.rules[:1]
+  return subset(rules, [r.name for r in firing])
 
 
 @functools.lru_cache(maxsize=8)
