@@ -3,7 +3,6 @@ cost-raising rewrite that greedy cannot take), checkpoints, data parallelism on 
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import textwrap

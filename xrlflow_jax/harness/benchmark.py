@@ -24,7 +24,6 @@ import os
 import time
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
-import jax
 import numpy as np
 
 from xrlflow_jax import cost, executor, measure, search, workflow

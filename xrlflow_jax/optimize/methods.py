@@ -5,7 +5,6 @@ rewrites)."""
 from __future__ import annotations
 
 import dataclasses
-import time
 from typing import Any, Callable, Mapping, Sequence
 
 import jax
