@@ -164,6 +164,16 @@ COLUMNS = [("model", "model", ""), ("nodes_in", "nodes", ""), ("env_steps_per_s"
            ("note", "note", "")]
 
 
+def fill_budget(done: list[B.Outcome]) -> int:
+  """The budget of the TASO-style search that fills PPO's kernel table
+  (`training.fill_kernel_table`): 0 when this model's "taso" method has already searched from
+  the same graph with the same table and rules at more locations (the fill then added no kernel
+  on SqueezeNet, NasRNN and ResNeXt-50 ONNX, 2026-12-05, and cost 14-46 s), else --taso_budget."""
+  searched = any(o.method == "taso" and o.graph is not None for o in done)
+  return (0 if searched and _opt("max_locations") >= _opt("ppo_max_locations")
+          else _opt("taso_budget"))
+
+
 def benchmark_model(spec, ruleset, ppo_ruleset, coeffs, methods: list[str],
                     against: Mapping[str, str] | None = None) -> list[dict[str, Any]]:
   """Every method on one model, and `against[spec.label]` when given (`--against`); rows for
@@ -191,7 +201,8 @@ def benchmark_model(spec, ruleset, ppo_ruleset, coeffs, methods: list[str],
         policy = training.train_ppo(
             [spec.label], [graph], [params], ppo_config(spec.source), coeffs, ppo_ruleset,
             log=lambda s: print("  " + s, flush=True), kernels=kernels,
-            kernel_budget=_opt("taso_budget"), max_seconds=_PPO_MINUTES.value * 60 or None)
+            kernel_budget=fill_budget(outcomes),
+            max_seconds=_PPO_MINUTES.value * 60 or None)
         _, train_cost = policy.best(0)
         train_initial = float(np.asarray(policy.state.initial_cost)[0])
         rollout = B.policy_outcome(policy, graph, params, samples=_PPO_SAMPLES.value,

@@ -162,7 +162,8 @@ def evaluate_graph(policy, spec, seen: str, graph, params, coeffs) -> list[dict[
           f"{o.seconds:.1f}s {o.note}", flush=True)
   measured = B.measure_outcomes(
       graph, params, [o.graph for o in outcomes], rounds=_opt("rounds"),
-      repeats_per_round=_opt("repeats_per_round"))
+      repeats_per_round=_opt("repeats_per_round"),
+      checkpoints=[o.checkpoints for o in outcomes], seed=_SEED.value)
   base = {"model": spec.label, "shape": spec.shape_label, "seen": seen,
           "nodes_in": G.num_nodes(graph)}
   return B.outcome_rows(base, original, outcomes, measured)

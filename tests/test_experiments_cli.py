@@ -207,9 +207,13 @@ def test_benchmark_refuses_a_bad_against_before_any_work(tmp_path, against, mess
 def test_benchmark_quick_all_methods(tmp_path):
   """The full --quick run: two tiny models, every method including PPO."""
   out = tmp_path / "bench"
-  _run("experiments.benchmark", "--quick", f"--output={out}", timeout=1800)
+  stdout = _run("experiments.benchmark", "--quick", f"--output={out}", timeout=1800)
   rows = _check_outputs(out, "benchmark", {"original", "greedy", "taso", "beam", "random", "ppo"})
   assert {r["model"] for r in rows} == {"squeezenet1_1", "bert"}
+  # PPO trains on the measured kernel table that the taso method (run before it) filled: no
+  # second search to fill it.
+  assert stdout.count("environment costs with measured kernels") == 2, stdout[-3000:]
+  assert stdout.count("added by the training graphs themselves") == 2, stdout[-3000:]
 
 
 @pytest.mark.slow

@@ -63,16 +63,23 @@ def fill_kernel_table(graphs: Sequence[Graph], params: Sequence[ParamStore], rul
                       ) -> cost.KernelTable:
   """The kernel table a training environment costs with: the kernels of every graph a
   TASO-style search of `budget` expansions meets from each of `graphs` (the search measures
-  the ones `kernels` lacks). Kernels an episode meets beyond those keep the roofline's
-  estimate inside the jitted environment, which cannot measure them."""
+  the ones `kernels` lacks); budget 0: the graphs' own kernels only (for a caller whose own
+  search from these graphs has filled `kernels` already). Kernels an episode meets beyond
+  those keep the roofline's estimate inside the jitted environment, which cannot measure
+  them."""
   before = len(kernels)
   t0 = time.perf_counter()
   for g, p in zip(graphs, params):
-    search.optimize(g, p, "taso", ruleset, coeffs, measure=False, kernels=kernels,
-                    budget=budget)
+    if budget > 0:
+      search.optimize(g, p, "taso", ruleset, coeffs, measure=False, kernels=kernels,
+                      budget=budget)
+    else:
+      kernels.add(g)
   if log:
+    how = (f"a TASO-style search of budget {budget} per graph" if budget > 0
+           else "the training graphs themselves")
     log(f"kernel table for training: {len(kernels)} kernels ({len(kernels) - before} added by "
-        f"a TASO-style search of budget {budget} per graph, {time.perf_counter() - t0:.0f}s)")
+        f"{how}, {time.perf_counter() - t0:.0f}s)")
   return kernels.table()
 
 
@@ -93,7 +100,8 @@ def train_ppo(names: Sequence[str], graphs: Sequence[Graph], params: Sequence[Pa
       after the first chunk that ends past it (None: the config's whole run);
       `TrainedPolicy.env_steps` says how far it got.
     kernels: measured kernel times: the environment then costs with them (`fill_kernel_table`
-      with `kernel_budget`), as the searches and the policy's rollouts do; None: the roofline.
+      with `kernel_budget`; 0: no search, the graphs' own kernels), as the searches and the
+      policy's rollouts do; None: the roofline.
     devices: the trainer's devices (default: every local device).
   """
   t0 = time.perf_counter()

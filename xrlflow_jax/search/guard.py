@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import time
 from typing import Any, Sequence
@@ -136,9 +137,7 @@ def rewrite_families(ruleset: Any, rewrites: Sequence[RewriteStep]) -> list[str]
 def family_counts(families: Sequence[str]) -> str:
   """"family count, ..." of a path's families, most frequent first (ties by name); "" for an
   empty path: what a report says made a graph."""
-  counts: dict[str, int] = {}
-  for f in families:
-    counts[f] = counts.get(f, 0) + 1
+  counts = collections.Counter(families)
   return ", ".join(f"{f} {n}" for f, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
 
 
