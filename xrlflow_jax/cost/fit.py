@@ -231,7 +231,8 @@ def profile_rows(entries: dict[str, dict[str, Any]], *, epilogue_fusion: bool = 
   call entry and whole-graph and side-by-side entries are skipped)."""
   sigs, times = [], []
   for key in keys if keys is not None else sorted(entries):
-    if (key == profiler_lib.CALL_KEY or key.startswith((GRAPH_PREFIX, PAIR_PREFIX))
+    if (key == profiler_lib.CALL_KEY
+        or key.startswith((GRAPH_PREFIX, PAIR_PREFIX, profiler_lib.LOOP_PREFIX))
         or key not in entries):
       continue
     sigs.append(profiler_lib.signature_from_key(key))

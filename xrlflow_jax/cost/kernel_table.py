@@ -13,8 +13,9 @@ distinct weights and the sibling discount are estimated as before. A kernel the 
 have keeps the model's estimate, and `model.measured_costs` reports it missing, so a search can
 measure it (`search.Expander` does) and cost again what it costed without it.
 
-Times are medians of the profiler's runs, less the cost of an empty call (the model adds that
-once per graph), and never change once in the table: a cost computed when all of a graph's
+Times are the profiler's (the least of a kernel's per-round medians, timed interleaved with the
+other kernels measured with it), less the cost of an empty call timed in the same rounds (the
+model adds that once per graph), and never change once in the table: a cost computed when all of a graph's
 kernels were known stays valid as the table grows.
 """
 
@@ -30,7 +31,6 @@ import numpy as np
 
 from xrlflow_jax.cost import model
 from xrlflow_jax.cost.profiler import OpSignature, Profiler, node_signature
-from xrlflow_jax.errors import XrlflowError
 from xrlflow_jax.graph import layout
 
 DEFAULT_CAPACITY = 1024
@@ -108,7 +108,8 @@ class KernelTimes:
   def needs_timing(self, graph: layout.Graph) -> bool:
     """Whether `add(graph)` would time a kernel: one the table lacks that the profiler's cache
     does not hold either."""
-    return any(self.profiler.cache.get(sig.key) is None for sig in self.missing(graph).values())
+    return any(self.profiler.current_kernel(sig) is None
+               for sig in self.missing(graph).values())
 
   def add(self, graph: layout.Graph) -> int:
     """Measures the graph's kernels the table does not have; returns how many were new to it
@@ -118,15 +119,18 @@ class KernelTimes:
       return 0
     t = time.perf_counter()
     before = self.profiler.measure_count
+    entries, errors = self.profiler.profile_kernels(todo.values())
     for key, sig in todo.items():
       self.signatures[key] = sig
-      try:
-        entry = self.profiler.profile_signatures([sig])[sig.key]
-      except XrlflowError as e:  # e.g. too big for memory alone: the roofline estimates it
+      if sig.key in errors:  # e.g. too big for memory alone: the roofline estimates it
+        e = errors[sig.key]
         self.ms[key] = model.UNMEASURED_MS
         self.unmeasured[key] = f"{type(e).__name__}: {e}"
         continue
-      self.ms[key] = max(float(entry["median_ms"]) - self.call_ms, 0.0)
+      entry = entries[sig.key]
+      # Less the empty call (a loop's entry has it taken off already: call_ms 0).
+      self.ms[key] = max(float(entry["median_ms"]) - float(entry.get("call_ms", self.call_ms)),
+                         0.0)
     self.measured += self.profiler.measure_count - before
     self._table = None
     self.seconds += time.perf_counter() - t

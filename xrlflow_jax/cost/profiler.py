@@ -2,9 +2,14 @@
 
 A signature is what decides an op's run time: op, attribute vector, input shapes and dtypes.
 Each one becomes a single-op graph (every operand a graph input, so nothing is folded), lowered
-with the executor, compiled with `jit` (compile excluded from timing), fed fixed random inputs
-and timed with `time_callable`. Results are cached on disk as JSON, one file per device kind and
-JAX version, keyed by signature, so a second run of the same model measures nothing new.
+with the executor, compiled with `jit` (compile excluded from timing) and fed fixed random
+inputs. The signatures measured together (up to `BATCH` at a time) and an empty call are timed
+in `ROUNDS` interleaved rounds (`latency.time_interleaved`, a fresh order per round), and a
+signature's time is the least of its per-round medians: another process on the machine only
+ever adds time, and a round it disturbs is outvoted instead of biasing the one kernel that was
+timed then. Results are cached on disk as JSON, one file per device kind and JAX version, keyed
+by signature, so a second run of the same model measures nothing new; entries timed another
+way (an older `TIMING`) are measured again.
 Groups of sibling MatMuls/Conv2Ds (reading one tensor) are also profiled together, interleaved
 with their members alone, to measure what XLA:CPU's concurrent execution of independent kernels
 buys (see `GroupSignature`).
@@ -26,7 +31,7 @@ from typing import Any, Iterable, Sequence
 import jax
 import numpy as np
 
-from xrlflow_jax import ops
+from xrlflow_jax import executor, ops
 from xrlflow_jax.cost import latency
 from xrlflow_jax.cost import model as cost_model
 from xrlflow_jax.errors import XrlflowError
@@ -37,6 +42,22 @@ CACHE_ENV = "XRLFLOW_PROFILE_CACHE"
 DEFAULT_CACHE_DIR = Path("~/.cache/xrlflow_jax/profiles")
 SINGLE_OP_CAPACITY = 8  # single-op graphs: up to 7 operands + the op
 CALL_KEY = "__call__"  # the cache entry of an empty call (the fixed cost of one dispatch)
+# How signatures are timed; cached entries without this tag are measured again. Before it,
+# each signature was timed alone in one window (median of its runs): kernels measured while
+# another job ran stayed in the cache up to 2.6x too slow (1x512 @ 512x4096: 0.247 ms cached,
+# 0.094 ms interleaved), enough to rank NasRNN's merges backwards.
+TIMING = "interleaved-min-of-round-medians"
+ROUNDS = 5  # interleaved timing rounds of a batch
+BATCH = 16  # signatures compiled and timed together (bounds the memory they hold at once)
+# Kernels for the cost model's table (`profile_kernels`) are timed running back to back inside
+# one executable, as they run in a graph, under this key prefix. Timed one call at a time, a
+# small kernel also pays the dispatch and waking XLA:CPU's worker threads, and that cost is
+# bimodal: 1x512 @ 512x512 took 0.042 ms a call but 0.0124 ms an iteration of a loop
+# (2-core x86_64, 2026-12-05), and NasRNN's 80 such MatMuls run in 1.07 ms as a graph.
+LOOP_PREFIX = "loop|"
+LOOP_MS = 2.0  # the loop's iteration count makes one call last about this long
+MAX_ITERATIONS = 256
+PROBE_ITERATIONS = 4  # a first guess of the iteration time, to choose the count
 
 
 class ProfileError(XrlflowError):
@@ -201,8 +222,9 @@ def node_signature(g: layout.Graph, table: np.ndarray, v: int) -> OpSignature:
 class ProfileCache:
   """Profiles of one device kind and JAX version: `<dir>/<device>-jax<version>.json`.
 
-  The file maps signature keys to entries (median_ms, q1_ms, q3_ms, runs, compile_s, op,
-  describe). `save` merges with what is on disk, so concurrent profilers lose nothing.
+  The file maps signature keys to entries (median_ms: the signature's time, see `TIMING`;
+  q1_ms, q3_ms: quartiles of all its runs; runs, compile_s, op, describe; for signatures timed
+  in rounds also round_ms, call_ms (the empty call timed in the same rounds) and timing). `save` merges with what is on disk, so concurrent profilers lose nothing.
   """
 
   def __init__(self, cache_dir: str | os.PathLike[str] | None, device_kind: str,
@@ -339,27 +361,196 @@ class Profiler:
     """ms of one call of a compiled executable that does no work (cached like a signature)."""
     entry = self.cache.get(CALL_KEY)
     if entry is None:
-      x = jax.device_put(np.zeros([1], np.float32), self.device)
-      t0 = time.perf_counter()
-      fn = jax.jit(lambda a: a).lower(x).compile()
-      entry = self._entry(self._time(fn, (x,)), time.perf_counter() - t0, op="call",
+      empty = self._empty_call()
+      entry = self._entry(self._time(empty.fn, empty.args), empty.compile_s, op="call",
                           describe="an empty call (identity on float32[1])")
       self.cache.put(CALL_KEY, entry)
       if save:
         self.cache.save()
     return float(entry["median_ms"])
 
+  def current(self, sig: OpSignature | GroupSignature) -> dict[str, Any] | None:
+    """The cached entry of `sig` when it was timed as this profiler times it, else None."""
+    entry = self.cache.get(sig.key)
+    if entry is None or (isinstance(sig, OpSignature) and entry.get("timing") != TIMING):
+      return None
+    return entry
+
   def measure(self, sig: OpSignature | GroupSignature) -> dict[str, Any]:
     """Compiles `sig` alone and times it (no cache lookup). ProfileError if it cannot run."""
+    entries, errors = self.measure_many([sig])
+    if sig.key in errors:
+      raise errors[sig.key]
+    return entries[sig.key]
+
+  def measure_many(self, sigs: Sequence[OpSignature | GroupSignature]
+                   ) -> tuple[dict[str, dict[str, Any]], dict[str, XrlflowError]]:
+    """Measures `sigs` (no cache lookup): op signatures `BATCH` at a time in interleaved
+    rounds with an empty call, sibling groups each with its members.
+
+    Returns:
+      ({key: entry}, {key: error}): every signature in exactly one of them (an error: it cannot
+      be built, compiled or run alone, e.g. too big for the device's memory).
+    """
+    entries: dict[str, dict[str, Any]] = {}
+    errors: dict[str, XrlflowError] = {}
+    singles = [s for s in dict.fromkeys(sigs) if isinstance(s, OpSignature)]
+    for sig in dict.fromkeys(sigs):
+      if isinstance(sig, GroupSignature):
+        try:
+          entries[sig.key] = self._measure_group(sig, self._compile(sig))
+        except XrlflowError as e:
+          errors[sig.key] = e
+    for i in range(0, len(singles), BATCH):
+      e, err = self._measure_batch(singles[i:i + BATCH])
+      entries.update(e)
+      errors.update(err)
+    return entries, errors
+
+  def current_kernel(self, sig: OpSignature) -> dict[str, Any] | None:
+    """The cached hot-loop entry of kernel `sig` (see `profile_kernels`), else None."""
+    entry = self.cache.get(LOOP_PREFIX + sig.key)
+    return entry if entry is not None and entry.get("timing") == TIMING else None
+
+  def profile_kernels(self, sigs: Iterable[OpSignature], *, save: bool = True
+                      ) -> tuple[dict[str, dict[str, Any]], dict[str, XrlflowError]]:
+    """Per-iteration times of kernels run back to back in one executable (a loop whose every
+    iteration reads the last one's output, so XLA can neither hoist nor drop the op), timed
+    like `profile_many` (`BATCH` at a time, interleaved rounds with an empty call, the least
+    round median) and cached under `LOOP_PREFIX`. Float data operands only; others are timed
+    one call at a time (`profile_many`).
+
+    Returns:
+      ({sig.key: entry}, {sig.key: error}); entry["median_ms"] is the time of one iteration
+      (the empty call already taken off, so entry["call_ms"] is 0).
+    """
+    sigs = list(dict.fromkeys(sigs))
+    loopable = [s for s in sigs if s.in_shapes
+                and jax.numpy.issubdtype(jax.numpy.dtype(s.in_dtypes[0]), jax.numpy.floating)]
+    entries, errors = self.profile_many([s for s in sigs if s not in loopable], save=save)
+    todo = [s for s in loopable if self.current_kernel(s) is None]
+    for i in range(0, len(todo), BATCH):
+      measured, err = self.measure_kernels(todo[i:i + BATCH])
+      for key, entry in measured.items():
+        self.cache.put(LOOP_PREFIX + key, entry)
+      errors.update(err)
+      if save and (i // BATCH + 1) % 2 == 0:
+        self.cache.save()
+    if todo and save:
+      self.cache.save()
+    entries.update({s.key: self.cache.get(LOOP_PREFIX + s.key) for s in loopable
+                    if s.key not in errors})
+    return entries, errors
+
+  def measure_kernels(self, sigs: Sequence[OpSignature]
+                      ) -> tuple[dict[str, dict[str, Any]], dict[str, XrlflowError]]:
+    """Measures kernels in their hot loops (no cache lookup): ({key: entry}, {key: error})."""
+    return self._measure_batch(sigs, loop=True)
+
+  def _compile_loop(self, sig: OpSignature) -> tuple[latency.CompiledGraph, int]:
+    """`sig` run `iterations` times in a loop (its last argument), and that count, chosen so
+    a call lasts about `LOOP_MS`."""
     try:
       graph, params = sig.single_op_graph()
     except XrlflowError as e:
       raise ProfileError(f"cannot build {sig.describe()} alone: {e}") from None
-    compiled = latency.compile_graph(graph, params, device=self.device, seed=self.seed)
-    if isinstance(sig, GroupSignature):
-      return self._measure_group(sig, compiled)
-    times = self._time(compiled.fn, compiled.args)
-    return self._entry(times, compiled.compile_s, op=sig.op, describe=sig.describe())
+    lowered = executor.lower(graph, params, jit=False)
+
+    def loop(consts, first, *rest_and_count):
+      *rest, count = rest_and_count
+      corner = (0,) * first.ndim
+
+      def body(_, x):
+        y = jax.lax.optimization_barrier(lowered.apply(consts, x, *rest)[0])  # all of it runs
+        return x.at[corner].add((y.reshape(-1)[0] * 0).astype(x.dtype))  # in place
+      return jax.lax.fori_loop(0, count, body, first)
+
+    try:
+      inputs = [jax.device_put(x, self.device)
+                for x in lowered.check_inputs(lowered.random_inputs(self.seed))]
+      consts = jax.device_put(lowered.consts, self.device)
+      t0 = time.perf_counter()
+      count = jax.device_put(np.int32(PROBE_ITERATIONS), self.device)
+      fn = jax.jit(loop).lower(consts, *inputs, count).compile()
+      compile_s = time.perf_counter() - t0
+      probe = float(np.median(latency.time_callable(fn, (consts, *inputs, count), warmup=1,
+                                                    repeats=3))) / PROBE_ITERATIONS
+    except XrlflowError:
+      raise
+    except Exception as e:  # pylint: disable=broad-except  (XLA's errors: OOM, unsupported)
+      raise ProfileError(f"cannot run {sig.describe()} in a loop: {type(e).__name__}: "
+                         f"{str(e)[:200]}") from None
+    iterations = int(np.clip(np.ceil(LOOP_MS / max(probe, 1e-4)), 2, MAX_ITERATIONS))
+    args = (consts, *inputs, jax.device_put(np.int32(iterations), self.device))
+    nbytes = int(sum(np.asarray(a).nbytes for a in jax.tree.leaves(args)))
+    return latency.CompiledGraph(fn, args, compile_s, self.device, nbytes), iterations
+
+  def _compile(self, sig: OpSignature | GroupSignature) -> latency.CompiledGraph:
+    try:
+      graph, params = sig.single_op_graph()
+    except XrlflowError as e:
+      raise ProfileError(f"cannot build {sig.describe()} alone: {e}") from None
+    return latency.compile_graph(graph, params, device=self.device, seed=self.seed)
+
+  def _empty_call(self) -> latency.CompiledGraph:
+    x = jax.device_put(np.zeros([1], np.float32), self.device)
+    t0 = time.perf_counter()
+    fn = jax.jit(lambda a: a).lower(x).compile()
+    return latency.CompiledGraph(fn, (x,), time.perf_counter() - t0, self.device, 4)
+
+  def _measure_batch(self, sigs: Sequence[OpSignature], loop: bool = False
+                     ) -> tuple[dict[str, dict[str, Any]], dict[str, XrlflowError]]:
+    """Op signatures timed together with an empty call in `ROUNDS` interleaved rounds (each
+    at least `repeats / ROUNDS` runs and `min_time_s / ROUNDS` seconds per round); `loop`:
+    each in its hot loop (`_compile_loop`), per iteration."""
+    compiled: dict[str, latency.CompiledGraph] = {}
+    iterations: dict[str, int] = {}
+    errors: dict[str, XrlflowError] = {}
+    for sig in sigs:
+      try:
+        if loop:
+          compiled[sig.key], iterations[sig.key] = self._compile_loop(sig)
+        else:
+          compiled[sig.key] = self._compile(sig)
+      except XrlflowError as e:
+        errors[sig.key] = e
+    if not compiled:
+      return {}, errors
+    runnable = [self._empty_call(), *compiled.values()]
+    try:
+      times = latency.time_interleaved(
+          runnable, rounds=ROUNDS, repeats_per_round=max(self.repeats // ROUNDS, 1),
+          warmup=self.warmup, seed=self.seed, min_round_time_s=self.min_time_s / ROUNDS)
+    except XrlflowError as e:
+      if len(compiled) == 1:
+        return {}, {**errors, next(iter(compiled)): e}
+      # One of them fails when run (e.g. out of memory): time each alone to say which.
+      entries: dict[str, dict[str, Any]] = {}
+      for sig in sigs:
+        if sig.key in compiled:
+          one, err = self._measure_batch([sig], loop)
+          entries.update(one)
+          errors.update(err)
+      return entries, errors
+    self.measure_count += len(compiled)
+    call_ms = min(float(np.median(t)) for t in times[0])
+    entries = {}
+    for (key, c), rounds in zip(compiled.items(), times[1:]):
+      sig = next(s for s in sigs if s.key == key)
+      medians = [float(np.median(t)) for t in rounds]
+      entry = self._entry(np.concatenate(rounds), c.compile_s, op=sig.op,
+                          describe=sig.describe())
+      if loop:
+        k = iterations[key]
+        entry.update(median_ms=max(min(medians) - call_ms, 0.0) / k,
+                     q1_ms=max(entry["q1_ms"] - call_ms, 0.0) / k,
+                     q3_ms=max(entry["q3_ms"] - call_ms, 0.0) / k, iterations=k, call_ms=0.0,
+                     loop_call_ms=call_ms)
+      else:
+        entry.update(median_ms=min(medians), call_ms=call_ms)
+      entry.update(round_ms=[round(m, 5) for m in medians], timing=TIMING)
+      entries[key] = entry
+    return entries, errors
 
   def _measure_group(self, sig: GroupSignature,
                      compiled: latency.CompiledGraph) -> dict[str, Any]:
@@ -380,28 +571,42 @@ class Profiler:
             "describe": sig.describe()}
 
   def profile_signatures(self, sigs: Iterable[OpSignature | GroupSignature], *,
-                         save: bool = True,
-                         progress: bool = False) -> dict[str, dict[str, Any]]:
-    """Cache entries of `sigs`, measuring (and caching) those not yet cached."""
-    out = {}
-    todo = [s for s in dict.fromkeys(sigs) if self.cache.get(s.key) is None]
-    for i, sig in enumerate(todo):
+                         save: bool = True, progress: bool = False
+                         ) -> dict[str, dict[str, Any]]:
+    """Cache entries of `sigs`, measuring (and caching) those not cached as `TIMING` says.
+    ProfileError (or the measurement's error) for the first signature that cannot be timed."""
+    entries, errors = self.profile_many(sigs, save=save, progress=progress)
+    if errors:
+      raise next(iter(errors.values()))
+    return entries
+
+  def profile_many(self, sigs: Iterable[OpSignature | GroupSignature], *, save: bool = True,
+                   progress: bool = False
+                   ) -> tuple[dict[str, dict[str, Any]], dict[str, XrlflowError]]:
+    """`profile_signatures` that reports the signatures it cannot time instead of raising:
+    ({key: entry}, {key: error})."""
+    sigs = list(dict.fromkeys(sigs))
+    todo = [s for s in sigs if self.current(s) is None]
+    errors: dict[str, XrlflowError] = {}
+    for i in range(0, len(todo), BATCH):
+      chunk = todo[i:i + BATCH]
       if progress:
-        print(f"  [{i + 1}/{len(todo)}] {sig.describe()}", flush=True)
-      self.cache.put(sig.key, self.measure(sig))
-      if save and (i + 1) % 25 == 0:
+        print(f"  [{i + 1}-{i + len(chunk)}/{len(todo)}] {chunk[0].describe()} ...", flush=True)
+      measured, err = self.measure_many(chunk)
+      for key, entry in measured.items():
+        self.cache.put(key, entry)
+      errors.update(err)
+      if save and (i // BATCH + 1) % 2 == 0:
         self.cache.save()
     if todo and save:
       self.cache.save()
-    for sig in sigs:
-      out[sig.key] = self.cache.get(sig.key)
-    return out
+    return {s.key: self.cache.get(s.key) for s in sigs if s.key not in errors}, errors
 
   def profile_graph(self, graph: layout.Graph, *, save: bool = True,
                     progress: bool = False) -> GraphProfile:
     """Profiles every distinct signature of `graph` (validated first)."""
     sigs = graph_signatures(graph)
-    cached = {s.key for s, _ in sigs if self.cache.get(s.key) is not None}
+    cached = {s.key for s, _ in sigs if self.current(s) is not None}
     entries = self.profile_signatures([s for s, _ in sigs], save=save, progress=progress)
     call = self.call_overhead(save=save)
     rows = [ProfileRow(s, c, entries[s.key]["median_ms"], entries[s.key]["q1_ms"],
