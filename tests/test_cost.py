@@ -372,6 +372,12 @@ def test_kernels_are_timed_in_a_loop_that_runs_them_every_iteration(tmp_path):
   assert not table.needs_timing(graph) and table.add(graph) == 1
   assert table.profiler.measure_count == before
   assert list(table.ms.values()) == [pytest.approx(loop["median_ms"])]
+  # Convolutions are timed a call at a time (XLA:CPU runs them another way inside a loop).
+  conv = P.OpSignature("Conv2D", (1, 1, 0, 0, 0, 0, 1, 1, 1) + (0,) * 7,
+                       ((1, 8, 8, 8), (8, 8, 1, 1)), ("float32", "float32"))
+  entries, errors = prof.profile_kernels([conv])
+  assert not errors and "iterations" not in entries[conv.key]
+  assert prof.cache.get(P.LOOP_PREFIX + conv.key) is None and prof.current(conv) is not None
 
 
 def test_bad_input_gives_project_errors(tmp_path):

@@ -49,11 +49,15 @@ CALL_KEY = "__call__"  # the cache entry of an empty call (the fixed cost of one
 TIMING = "interleaved-min-of-round-medians"
 ROUNDS = 5  # interleaved timing rounds of a batch
 BATCH = 16  # signatures compiled and timed together (bounds the memory they hold at once)
-# Kernels for the cost model's table (`profile_kernels`) are timed running back to back inside
+# MatMuls for the cost model's table (`profile_kernels`) are timed running back to back inside
 # one executable, as they run in a graph, under this key prefix. Timed one call at a time, a
-# small kernel also pays the dispatch and waking XLA:CPU's worker threads, and that cost is
+# small MatMul also pays the dispatch and waking XLA:CPU's worker threads, and that cost is
 # bimodal: 1x512 @ 512x512 took 0.042 ms a call but 0.0124 ms an iteration of a loop
 # (2-core x86_64, 2026-12-05), and NasRNN's 80 such MatMuls run in 1.07 ms as a graph.
+# Convolutions are not: inside a loop XLA:CPU ran NCHW convolutions 2-10x slower than alone
+# (1x256x56x56 by 256 1x1 filters: 59.8 ms an iteration, 7.1 ms a call), a code path no graph
+# takes; they are timed a call at a time (`profile_many`).
+LOOP_OPS = ("MatMul",)
 LOOP_PREFIX = "loop|"
 LOOP_MS = 2.0  # the loop's iteration count makes one call last about this long
 MAX_ITERATIONS = 256
@@ -417,15 +421,15 @@ class Profiler:
     """Per-iteration times of kernels run back to back in one executable (a loop whose every
     iteration reads the last one's output, so XLA can neither hoist nor drop the op), timed
     like `profile_many` (`BATCH` at a time, interleaved rounds with an empty call, the least
-    round median) and cached under `LOOP_PREFIX`. Float data operands only; others are timed
-    one call at a time (`profile_many`).
+    round median) and cached under `LOOP_PREFIX`. MatMuls (`LOOP_OPS`) with a float data
+    operand only; others (convolutions) are timed one call at a time (`profile_many`).
 
     Returns:
       ({sig.key: entry}, {sig.key: error}); entry["median_ms"] is the time of one iteration
       (the empty call already taken off, so entry["call_ms"] is 0).
     """
     sigs = list(dict.fromkeys(sigs))
-    loopable = [s for s in sigs if s.in_shapes
+    loopable = [s for s in sigs if s.op in LOOP_OPS and s.in_shapes
                 and jax.numpy.issubdtype(jax.numpy.dtype(s.in_dtypes[0]), jax.numpy.floating)]
     entries, errors = self.profile_many([s for s in sigs if s not in loopable], save=save)
     todo = [s for s in loopable if self.current_kernel(s) is None]
