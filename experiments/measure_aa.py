@@ -35,6 +35,9 @@ _REPEATS = flags.DEFINE_integer("repeats_per_round", 3, "Timed runs per graph pe
 _MIN_ROUND = flags.DEFINE_float("min_round_ms", 30.0, "More runs per round for a fast graph, so "
                                 "that one graph's round lasts about this long (0: exactly "
                                 "--repeats_per_round), as the optimise job does.")
+_LOOKS = flags.DEFINE_integer("looks", 1, "Sets of --rounds rounds at most, another only "
+                              "while the verdict is 'no change' (`measure.compare`'s looks; "
+                              "the optimise job's guard uses 2).")
 _NEUTRAL = flags.DEFINE_bool("neutral", True, "Also time a neutral rewrite (add_commute).")
 _OUTPUT = flags.DEFINE_string("output", "/tmp/xrlflow_measure_aa.json", "JSON results.")
 
@@ -66,7 +69,7 @@ def series(graph, candidate, params, label: str) -> dict:
   for i in range(_RUNS.value):
     cmp = measure.compare(graph, [candidate], params, rounds=_ROUNDS.value,
                           repeats_per_round=_REPEATS.value, min_round_ms=_MIN_ROUND.value,
-                          seed=i, time_unchanged=True)
+                          seed=i, time_unchanged=True, looks=_LOOKS.value)
     verdicts.append(cmp.speedups[0].verdict)
     ratios.append(cmp.speedups[0].ratio)
     lower += cmp.candidates[0].median_ms < cmp.reference.median_ms  # the old guard's rule
@@ -89,11 +92,14 @@ def main(argv: list[str]) -> None:
     raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
   try:
     measure.check_settings(_ROUNDS.value, _REPEATS.value, min_round_ms=_MIN_ROUND.value)
+    if _LOOKS.value < 1:
+      raise measure.MeasurementError(f"--looks must be >= 1, got {_LOOKS.value}")
   except measure.MeasurementError as e:
     raise app.UsageError(str(e)) from None
   print(machine.machine_header(), flush=True)
-  print(f"- verdict: {measure.LEVEL:.0%} bootstrap interval over {_ROUNDS.value} rounds x "
-        f"{_REPEATS.value} runs (or more, a round lasting >= {_MIN_ROUND.value:g} ms), an "
+  print(f"- verdict: {1 - (1 - measure.LEVEL) / _LOOKS.value:.1%} bootstrap interval over "
+        f"{_ROUNDS.value} rounds (up to {_LOOKS.value} sets of them) x {_REPEATS.value} runs "
+        f"(or more, a round lasting >= {_MIN_ROUND.value:g} ms), an "
         "identical copy as control", flush=True)
   coeffs = cost.coefficients()
   results = []

@@ -49,6 +49,9 @@ _RULES = flags.DEFINE_list("rules", [], "Rules and rule sets: built-in rule name
                            "can fire.")
 _MEASURE = flags.DEFINE_bool("measure", True, "Measure XLA latency of both graphs.")
 _ROUNDS = flags.DEFINE_integer("latency_rounds", 10, "Interleaved timing rounds.")
+_LOOKS = flags.DEFINE_integer("latency_looks", opt.DEFAULT_LOOKS, "Sets of --latency_rounds "
+                              "rounds timed at most: another only while the verdict is 'no "
+                              "change' (each verdict at a level shared over the sets).")
 _REPEATS = flags.DEFINE_integer("repeats_per_round", 3, "Timed runs per graph per round (at "
                                 "least; see --min_round_ms).")
 _MIN_ROUND = flags.DEFINE_float("min_round_ms", 30.0, "More runs per round for a fast graph, so "
@@ -102,7 +105,8 @@ def main(argv: Sequence[str]) -> None:
         source, method=_METHOD.value, size=_SIZE.value, input_shapes=shapes or None,
         output_dir=_OUTPUT.value or None, budget=_BUDGET.value, seed=_SEED.value,
         capacity=_CAPACITY.value or None, rules=_RULES.value or None, measure=_MEASURE.value,
-        latency_rounds=_ROUNDS.value, repeats_per_round=_REPEATS.value,
+        latency_rounds=_ROUNDS.value, latency_looks=_LOOKS.value,
+        repeats_per_round=_REPEATS.value,
         min_round_ms=_MIN_ROUND.value, picture=_PICTURE.value,
         keep_slower=_KEEP_SLOWER.value, compilation_cache_dir=_CACHE.value or None,
         cost_coefficients=_COEFFS.value or None, precision=_PRECISION.value,

@@ -222,7 +222,8 @@ def _fuzz(tmp_path: Path, capsys, monkeypatch, *, shapes: int, mutations: int, s
   onnx = [f"--onnx={good}", f"--output={out}"] + FAST
   flag_cases = [onnx + [f] for f in (
       "--budget=0", "--budget=-3", "--capacity=-5", "--latency_rounds=0", "--latency_rounds=4",
-      "--latency_rounds=-1", "--repeats_per_round=0", "--method=nope", "--size=huge",
+      "--latency_rounds=-1", "--repeats_per_round=0", "--latency_looks=0", "--method=nope",
+      "--size=huge",
       "--rules=nosuchrule", f"--output={a_file}", f"--output={a_file}/sub", "--capacity=1",
       "--input_shape=y=1,3,8,8", "--budget=abc")]
   flag_cases += [["--model=nosuchnet"] + FAST, ["--model=squeezenet1_1", f"--onnx={good}"],

@@ -242,6 +242,46 @@ def test_compare_runs_a_fast_graph_more_times_per_round():
       measure.compare(graph, [other], params, rounds=5, min_round_ms=bad)
 
 
+def test_compare_looks_again_only_while_a_verdict_is_no_change(monkeypatch):
+  """`looks`: a second set of rounds is timed only when the first leaves a candidate at "no
+  change", verdicts then cover all the rounds, and every look uses the shared (Bonferroni)
+  level; an invalid count is refused before anything is compiled."""
+  graph, params = _chain(2)
+  other, _ = _chain(3)
+  calls = []
+  rng = np.random.default_rng(0)
+
+  def scripted(compiled, *, rounds, repeats_per_round, warmup, seed):
+    # Graph order: reference, its copy, the candidate. In the first set every graph takes the
+    # same (noisy) time, round by round: no evidence either way. Later sets: the candidate
+    # runs in 0.7 of the time, with 1% noise.
+    first = not calls
+    calls.append(seed)
+    shared = np.exp(0.3 * rng.standard_normal(rounds))
+    out = []
+    for g in range(len(compiled)):
+      if first:
+        ms = shared
+      else:
+        ms = (1.0 if g < 2 else 0.7) * np.exp(0.01 * rng.standard_normal(rounds))
+      out.append([np.full(repeats_per_round, m) for m in ms])
+    return out
+
+  monkeypatch.setattr(measure.latency, "time_interleaved", scripted)
+  once = measure.compare(graph, [other], params, rounds=6, repeats_per_round=1, min_round_ms=0)
+  assert len(calls) == 1 and once.speedups[0].verdict == "no change"
+  calls.clear()
+  twice = measure.compare(graph, [other], params, rounds=6, repeats_per_round=1,
+                          min_round_ms=0, looks=3)
+  v = twice.speedups[0]
+  assert len(calls) >= 2 and calls == sorted(set(calls))  # each set in a fresh order
+  assert v.rounds == 6 * len(calls) and v.level == pytest.approx(1 - 0.05 / 3)
+  assert v.verdict == "faster" and len(twice.round_ms[0]) == v.rounds, v
+  for bad in (0, 1.5, -1):
+    with pytest.raises(measure.MeasurementError, match="looks"):
+      measure.compare(graph, [other], params, looks=bad)
+
+
 # ---------------------------------------------------------------------------------------------
 # The numerics policy (`ops.precision`): one option, carried to every compiled executable.
 

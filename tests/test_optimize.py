@@ -235,6 +235,7 @@ def test_bad_sources(tmp_path):
     opt.optimize_model("squeezenet1_1", method="greedy", rules=["no_such_rule"], write=False)
   for bad, message in [(dict(budget=0), "budget"), (dict(capacity=-5), "capacity"),
                        (dict(latency_rounds=0), "latency rounds"),
+                       (dict(latency_looks=0), "--latency_looks"),
                        (dict(min_round_ms=-1.0), "least time of a round.*--min_round_ms"),
                        (dict(tolerance=float("nan")), "tolerance"),
                        (dict(precision="tf32"), "unknown precision policy 'tf32'.*--precision")]:

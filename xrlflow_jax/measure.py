@@ -314,7 +314,7 @@ def compare(reference: layout.Graph, candidates: Sequence[layout.Graph], params:
             tolerance: float | None = None, time_unchanged: bool = False,
             precision: str | None = None,
             candidate_params: Sequence[ParamStore | None] | None = None,
-            level: float = LEVEL) -> Comparison:
+            level: float = LEVEL, looks: int = 1) -> Comparison:
   """Times `candidates` against `reference` side by side, with an identical copy as control.
 
   Each graph runs `repeats_per_round` times per round, or more for a fast reference so that a
@@ -330,6 +330,12 @@ def compare(reference: layout.Graph, candidates: Sequence[layout.Graph], params:
   Verdicts use intervals at `level` (a caller choosing the best of k candidates keeps its
   false-positive rate with 1 - (1 - LEVEL) / k).
 
+  `looks` > 1 times up to `looks` sets of `rounds` rounds: after each set, every verdict is
+  computed over all rounds so far, and another set is timed only while a changed candidate is
+  "no change" (a fast graph whose gain hides in one set's noise gets a verdict). Each look
+  uses intervals at 1 - (1 - level) / looks, so looking again does not raise the
+  false-positive rate (Bonferroni over the looks).
+
   `candidate_params[i]`, when not None, is candidate i's own weights (a graph loaded apart, e.g.
   another optimiser's output for the same model): it is always compiled and timed, and must
   take the reference's inputs (same count, shapes and dtypes), which it is given.
@@ -339,6 +345,9 @@ def compare(reference: layout.Graph, candidates: Sequence[layout.Graph], params:
       inputs. BackendError, DeviceMemoryError: see `cost.latency`.
   """
   check_settings(rounds, repeats_per_round, warmup, min_round_ms)
+  if int(looks) != looks or looks < 1:
+    raise MeasurementError(f"looks must be an integer >= 1, got {looks}")
+  level = 1 - (1 - level) / looks
   own = list(candidate_params) if candidate_params is not None else [None] * len(candidates)
   if len(own) != len(candidates):
     raise MeasurementError(f"candidate_params has {len(own)} entries for {len(candidates)} "
@@ -376,12 +385,18 @@ def compare(reference: layout.Graph, candidates: Sequence[layout.Graph], params:
     compiled.append(c)
   if changed:
     repeats_per_round = repeats_for(compiled[0], repeats_per_round, min_round_ms, warmup)
-  times = latency.time_interleaved(compiled, rounds=rounds, repeats_per_round=repeats_per_round,
-                                   warmup=warmup, seed=seed)
+  times: list[list[np.ndarray]] = [[] for _ in compiled]
+  for look in range(looks):
+    more = latency.time_interleaved(compiled, rounds=rounds,
+                                    repeats_per_round=repeats_per_round, warmup=warmup,
+                                    seed=seed + look)
+    times = [t + m for t, m in zip(times, more)]
+    medians = [np.array([np.median(r) for r in t]) for t in times]
+    verdicts = {j: speedup(medians[0], medians[j], medians[1], seed=seed, level=level)
+                for j in range(2, len(compiled))}
+    if all(v.verdict != "no change" for v in verdicts.values()):
+      break
   stats = [latency.stats_of(t, c) for t, c in zip(times, compiled)]
-  medians = [np.array([np.median(r) for r in t]) for t in times]
-  verdicts = {j: speedup(medians[0], medians[j], medians[1], seed=seed, level=level)
-              for j in range(2, len(compiled))}
   used = [slot[h] for h in hashes]
   cand_stats = [stats[j] for j in used]
   speedups = [verdicts[j] if j else Speedup.unchanged() for j in used]

@@ -13,7 +13,7 @@ distinct weights and the sibling discount are estimated as before. A kernel the 
 have keeps the model's estimate, and `model.measured_costs` reports it missing, so a search can
 measure it (`search.Expander` does) and cost again what it costed without it.
 
-Times are the profiler's (the least of a kernel's per-round medians, timed interleaved with the
+Times are the profiler's (the median of a kernel's per-round medians, timed interleaved with the
 other kernels measured with it), less the cost of an empty call timed in the same rounds (the
 model adds that once per graph), and never change once in the table: a cost computed when all of a graph's
 kernels were known stays valid as the table grows.

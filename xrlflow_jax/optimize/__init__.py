@@ -39,13 +39,13 @@ from xrlflow_jax.optimize.checks import (MEMORY_SHARE, METHODS, OptimizeError, c
 from xrlflow_jax.optimize.methods import (BUDGET_OPTION, Found, default_ppo_rules, ppo_config,
                                           rules_match, ruleset_for_replay, run_ppo, run_search,
                                           training_rewrites)
-from xrlflow_jax.optimize.pipeline import (DEFAULT_MODEL, load_source, measured_guard,
-                                           optimize_model)
+from xrlflow_jax.optimize.pipeline import (DEFAULT_LOOKS, DEFAULT_MODEL, load_source,
+                                           measured_guard, optimize_model)
 from xrlflow_jax.optimize.report import OptimizeReport, default_output_dir, write_outputs
 from xrlflow_jax.workflow import SIZES, Loaded, fit_capacity
 
 __all__ = [
-    "BUDGET_OPTION", "DEFAULT_MODEL", "DEFAULT_TOLERANCE", "Found", "Loaded", "MEMORY_SHARE",
+    "BUDGET_OPTION", "DEFAULT_LOOKS", "DEFAULT_MODEL", "DEFAULT_TOLERANCE", "Found", "Loaded", "MEMORY_SHARE",
     "METHODS", "NumericsCheck", "NumericsError", "OptimizeError", "OptimizeReport", "SIZES",
     "check_memory", "check_numerics", "check_output_dir", "check_request", "check_shape",
     "default_output_dir", "default_ppo_rules", "device_memory_bytes", "fit_capacity",

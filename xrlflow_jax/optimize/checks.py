@@ -97,8 +97,8 @@ def check_request(source: str, *, method: str, size: str,
                   budget: int | None, capacity: int | None, latency_rounds: int,
                   repeats_per_round: int, tolerance: float | None, write: bool,
                   precision: str | None = None, min_round_ms: float = 0.0,
-                  against: str | None = None, measure: bool = True
-                  ) -> dict[str, tuple[int, ...]]:
+                  against: str | None = None, measure: bool = True,
+                  latency_looks: int = 1) -> dict[str, tuple[int, ...]]:
   """Every argument of `optimize_model` that can be checked without loading: OptimizeError
   (or MeasurementError) naming the argument. Returns the input shapes as int tuples."""
   if method not in METHODS:
@@ -119,6 +119,7 @@ def check_request(source: str, *, method: str, size: str,
     check_settings(latency_rounds, repeats_per_round, min_round_ms=min_round_ms)
   except MeasurementError as e:
     raise OptimizeError(f"{e} (--latency_rounds, --repeats_per_round, --min_round_ms)") from None
+  _positive_int(latency_looks, "the sets of latency rounds (--latency_looks)")
   shapes = {}
   for name, dims in dict(input_shapes or {}).items():
     shapes[str(name)] = check_shape(str(name), dims)
