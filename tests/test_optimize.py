@@ -397,8 +397,11 @@ def test_against_times_another_optimisers_graph(zoo_report, tmp_path):
     a = r.against
     assert a["file"] == str(path) and a["nodes"] > 0 and a["random_weights"] == 0
     assert a["latency"].median_ms > 0 and a["latency"].runs >= FAST["latency_rounds"]
-    assert a["vs_input"].verdict in measure.VERDICTS and a["vs_input"].rounds == 5
-    assert a["returned_vs_it"].rounds == 5 and np.isfinite(a["returned_vs_it"].control_ratio)
+    # One set of 5 rounds, or a second (`opt.DEFAULT_LOOKS`) while a verdict was "no change".
+    looks = [5 * k for k in range(1, opt.DEFAULT_LOOKS + 1)]
+    assert a["vs_input"].verdict in measure.VERDICTS and a["vs_input"].rounds in looks
+    assert a["returned_vs_it"].rounds == a["vs_input"].rounds
+    assert np.isfinite(a["returned_vs_it"].control_ratio)
     assert a["numerics"] is not None and a["numerics"].passed == ok, a["numerics"].describe()
     assert r.numerics.passed  # the search's own graph is checked as always
     line = [l for l in r.table().splitlines() if l.startswith("against ")]
