@@ -13,10 +13,11 @@ distinct weights and the sibling discount are estimated as before. A kernel the 
 have keeps the model's estimate, and `model.measured_costs` reports it missing, so a search can
 measure it (`search.Expander` does) and cost again what it costed without it.
 
-Times are the profiler's (the median of a kernel's per-round medians, timed interleaved with the
-other kernels measured with it), less the cost of an empty call timed in the same rounds (the
-model adds that once per graph), and never change once in the table: a cost computed when all of a graph's
-kernels were known stays valid as the table grows.
+Times are the profiler's (`Profiler.profile_kernels`: MatMuls per iteration of a hot loop,
+convolutions a call at a time less the cost of an empty call timed in the same rounds, which
+the model adds once per graph; each the median of its interleaved rounds' medians), and never
+change once in the table: a cost computed when all of a graph's kernels were known stays valid
+as the table grows.
 """
 
 from __future__ import annotations

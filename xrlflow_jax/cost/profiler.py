@@ -6,9 +6,10 @@ with the executor, compiled with `jit` (compile excluded from timing) and fed fi
 inputs. The signatures measured together (up to `BATCH` at a time) and an empty call are timed
 in `ROUNDS` interleaved rounds (`latency.time_interleaved`, a fresh order per round), and a
 signature's time is the median of its per-round medians: a round that another process
-disturbs is outvoted instead of biasing the one kernel that was timed then. Results are cached on disk as JSON, one file per device kind and JAX version, keyed
-by signature, so a second run of the same model measures nothing new; entries timed another
-way (an older `TIMING`) are measured again.
+disturbs is outvoted instead of biasing the one kernel that was timed then. Results are cached
+on disk as JSON, one file per device kind and JAX version, keyed by signature, so a second run
+of the same model measures nothing new; entries timed another way (an older `TIMING`) are
+measured again. The cost model's MatMuls are timed in a hot loop instead (`profile_kernels`).
 Groups of sibling MatMuls/Conv2Ds (reading one tensor) are also profiled together, interleaved
 with their members alone, to measure what XLA:CPU's concurrent execution of independent kernels
 buys (see `GroupSignature`).
@@ -229,7 +230,8 @@ class ProfileCache:
 
   The file maps signature keys to entries (median_ms: the signature's time, see `TIMING`;
   q1_ms, q3_ms: quartiles of all its runs; runs, compile_s, op, describe; for signatures timed
-  in rounds also round_ms, call_ms (the empty call timed in the same rounds) and timing). `save` merges with what is on disk, so concurrent profilers lose nothing.
+  in rounds also round_ms, call_ms (the empty call timed in the same rounds) and timing).
+  `save` merges with what is on disk, so concurrent profilers lose nothing.
   """
 
   def __init__(self, cache_dir: str | os.PathLike[str] | None, device_kind: str,
@@ -495,7 +497,7 @@ class Profiler:
                          f"{str(e)[:200]}") from None
     iterations = int(np.clip(np.ceil(LOOP_MS / max(probe, 1e-4)), 2, MAX_ITERATIONS))
     args = (consts, *inputs, jax.device_put(np.int32(iterations), self.device))
-    nbytes = int(sum(np.asarray(a).nbytes for a in jax.tree.leaves(args)))
+    nbytes = int(sum(a.nbytes for a in jax.tree.leaves(args)))
     return latency.CompiledGraph(fn, args, compile_s, self.device, nbytes), iterations
 
   def _compile(self, sig: OpSignature | GroupSignature) -> latency.CompiledGraph:

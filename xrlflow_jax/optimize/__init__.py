@@ -45,7 +45,8 @@ from xrlflow_jax.optimize.report import OptimizeReport, default_output_dir, writ
 from xrlflow_jax.workflow import SIZES, Loaded, fit_capacity
 
 __all__ = [
-    "BUDGET_OPTION", "DEFAULT_LOOKS", "DEFAULT_MODEL", "DEFAULT_TOLERANCE", "Found", "Loaded", "MEMORY_SHARE",
+    "BUDGET_OPTION", "DEFAULT_LOOKS", "DEFAULT_MODEL", "DEFAULT_TOLERANCE", "Found", "Loaded",
+    "MEMORY_SHARE",
     "METHODS", "NumericsCheck", "NumericsError", "OptimizeError", "OptimizeReport", "SIZES",
     "check_memory", "check_numerics", "check_output_dir", "check_request", "check_shape",
     "default_output_dir", "default_ppo_rules", "device_memory_bytes", "fit_capacity",

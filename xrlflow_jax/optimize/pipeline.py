@@ -119,7 +119,8 @@ def optimize_model(source: str = DEFAULT_MODEL, *, method: str = "ppo", size: st
                    rules: Sequence[str] | None = None, search_options:
                    Mapping[str, Any] | None = None, measure: bool = True,
                    latency_rounds: int = 10, repeats_per_round: int = 3,
-                   min_round_ms: float = 30.0, latency_looks: int = DEFAULT_LOOKS, tolerance: float | None = None,
+                   min_round_ms: float = 30.0, latency_looks: int = DEFAULT_LOOKS,
+                   tolerance: float | None = None,
                    precision: str | None = None,
                    picture: bool = True,
                    cost_coefficients: str | None = None, write: bool = True,
