@@ -91,13 +91,12 @@ def main(argv: list[str]) -> None:
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
   try:
-    measure.check_settings(_ROUNDS.value, _REPEATS.value, min_round_ms=_MIN_ROUND.value)
-    if _LOOKS.value < 1:
-      raise measure.MeasurementError(f"--looks must be >= 1, got {_LOOKS.value}")
+    measure.check_settings(_ROUNDS.value, _REPEATS.value, min_round_ms=_MIN_ROUND.value,
+                           looks=_LOOKS.value)
   except measure.MeasurementError as e:
     raise app.UsageError(str(e)) from None
   print(machine.machine_header(), flush=True)
-  print(f"- verdict: {1 - (1 - measure.LEVEL) / _LOOKS.value:.1%} bootstrap interval over "
+  print(f"- verdict: {measure.look_level(measure.LEVEL, _LOOKS.value):.1%} bootstrap interval over "
         f"{_ROUNDS.value} rounds (up to {_LOOKS.value} sets of them) x {_REPEATS.value} runs "
         f"(or more, a round lasting >= {_MIN_ROUND.value:g} ms), an "
         "identical copy as control", flush=True)

@@ -39,7 +39,7 @@ class _TableProfiler(Profiler):
       self.measure_count += 1
       entries[sig.key] = {"median_ms": ms, "q1_ms": ms, "q3_ms": ms, "runs": 1,
                           "compile_s": 0.0, "op": sig.op, "describe": sig.describe(),
-                          "timing": TIMING}
+                          "call_ms": self.call_overhead(), "timing": TIMING}
     return entries, errors
 
   measure_kernels = measure_many

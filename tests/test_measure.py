@@ -155,7 +155,9 @@ def test_too_few_rounds_is_a_usage_error():
     measure.speedup(np.ones(4), np.ones(4))
   for bad in [dict(rounds=0, repeats_per_round=3), dict(rounds=4, repeats_per_round=3),
               dict(rounds=10, repeats_per_round=0), dict(rounds=2.5, repeats_per_round=1),
-              dict(rounds=10, repeats_per_round=1, warmup=-1)]:
+              dict(rounds=10, repeats_per_round=1, warmup=-1),
+              dict(rounds=10, repeats_per_round=1, looks=0),
+              dict(rounds=10, repeats_per_round=1, looks=1.5)]:
     with pytest.raises(measure.MeasurementError):
       measure.check_settings(**bad)
 

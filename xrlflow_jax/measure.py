@@ -278,8 +278,14 @@ class Comparison:
     return speedup(b, a, control_ms=b * copy / ref, seed=seed)
 
 
+def look_level(level: float, looks: int) -> float:
+  """The interval level of each of `looks` looks at one comparison (`compare`'s looks):
+  1 - (1 - level) / looks (Bonferroni), so looking again keeps the false-positive rate."""
+  return 1 - (1 - level) / looks
+
+
 def check_settings(rounds: int, repeats_per_round: int, warmup: int = 0,
-                   min_round_ms: float = 0.0) -> None:
+                   min_round_ms: float = 0.0, looks: int = 1) -> None:
   """MeasurementError naming the setting when the timing settings cannot give a verdict."""
   if int(rounds) != rounds or rounds < MIN_ROUNDS:
     raise MeasurementError(f"latency rounds must be an integer >= {MIN_ROUNDS} (the verdict is "
@@ -289,6 +295,8 @@ def check_settings(rounds: int, repeats_per_round: int, warmup: int = 0,
                            f"{repeats_per_round}")
   if int(warmup) != warmup or warmup < 0:
     raise MeasurementError(f"warm-up runs must be an integer >= 0, got {warmup}")
+  if int(looks) != looks or looks < 1:
+    raise MeasurementError(f"looks (sets of rounds) must be an integer >= 1, got {looks}")
   if not (np.isfinite(min_round_ms) and min_round_ms >= 0):
     raise MeasurementError(f"the least time of a round must be a finite number of ms >= 0, "
                            f"got {min_round_ms}")
@@ -344,10 +352,8 @@ def compare(reference: layout.Graph, candidates: Sequence[layout.Graph], params:
     MeasurementError: bad settings, or a candidate with its own weights that takes other
       inputs. BackendError, DeviceMemoryError: see `cost.latency`.
   """
-  check_settings(rounds, repeats_per_round, warmup, min_round_ms)
-  if int(looks) != looks or looks < 1:
-    raise MeasurementError(f"looks must be an integer >= 1, got {looks}")
-  level = 1 - (1 - level) / looks
+  check_settings(rounds, repeats_per_round, warmup, min_round_ms, looks)
+  level = look_level(level, looks)
   own = list(candidate_params) if candidate_params is not None else [None] * len(candidates)
   if len(own) != len(candidates):
     raise MeasurementError(f"candidate_params has {len(own)} entries for {len(candidates)} "

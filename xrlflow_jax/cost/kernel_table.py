@@ -129,9 +129,8 @@ class KernelTimes:
         self.unmeasured[key] = f"{type(e).__name__}: {e}"
         continue
       entry = entries[sig.key]
-      # Less the empty call (a loop's entry has it taken off already: call_ms 0).
-      self.ms[key] = max(float(entry["median_ms"]) - float(entry.get("call_ms", self.call_ms)),
-                         0.0)
+      # Less the empty call of its rounds (a loop's entry has it taken off already: call_ms 0).
+      self.ms[key] = max(float(entry["median_ms"]) - float(entry["call_ms"]), 0.0)
     self.measured += self.profiler.measure_count - before
     self._table = None
     self.seconds += time.perf_counter() - t

@@ -442,20 +442,10 @@ class Profiler:
     """
     sigs = list(dict.fromkeys(sigs))
     loopable = [s for s in sigs if _loopable(s)]
-    entries, errors = self.profile_many([s for s in sigs if s not in loopable], save=save)
-    todo = [s for s in loopable if self.current_kernel(s) is None]
-    for i in range(0, len(todo), BATCH):
-      measured, err = self.measure_kernels(todo[i:i + BATCH])
-      for key, entry in measured.items():
-        self.cache.put(LOOP_PREFIX + key, entry)
-      errors.update(err)
-      if save and (i // BATCH + 1) % 2 == 0:
-        self.cache.save()
-    if todo and save:
-      self.cache.save()
-    entries.update({s.key: self.cache.get(LOOP_PREFIX + s.key) for s in loopable
-                    if s.key not in errors})
-    return entries, errors
+    entries, errors = self._profile([s for s in sigs if s not in loopable], loop=False,
+                                    save=save)
+    looped, loop_errors = self._profile(loopable, loop=True, save=save)
+    return {**entries, **looped}, {**errors, **loop_errors}
 
   def measure_kernels(self, sigs: Sequence[OpSignature]
                       ) -> tuple[dict[str, dict[str, Any]], dict[str, XrlflowError]]:
@@ -550,8 +540,9 @@ class Profiler:
     self.measure_count += len(compiled)
     call_ms = float(np.median([np.median(t) for t in times[0]]))
     entries = {}
+    by_key = {s.key: s for s in sigs}
     for (key, c), rounds in zip(compiled.items(), times[1:]):
-      sig = next(s for s in sigs if s.key == key)
+      sig = by_key[key]
       medians = [float(np.median(t)) for t in rounds]
       entry = self._entry(np.concatenate(rounds), c.compile_s, op=sig.op,
                           describe=sig.describe())
@@ -600,22 +591,32 @@ class Profiler:
                    ) -> tuple[dict[str, dict[str, Any]], dict[str, XrlflowError]]:
     """`profile_signatures` that reports the signatures it cannot time instead of raising:
     ({key: entry}, {key: error})."""
-    sigs = list(dict.fromkeys(sigs))
-    todo = [s for s in sigs if self.current(s) is None]
+    return self._profile(list(dict.fromkeys(sigs)), loop=False, save=save, progress=progress)
+
+  def _profile(self, sigs: Sequence[OpSignature | GroupSignature], *, loop: bool, save: bool,
+               progress: bool = False
+               ) -> tuple[dict[str, dict[str, Any]], dict[str, XrlflowError]]:
+    """Cache entries of `sigs` (distinct), measuring `BATCH` at a time those not current: in
+    hot loops under `LOOP_PREFIX` (`loop`, `measure_kernels`) or a call at a time
+    (`measure_many`). ({sig.key: entry}, {sig.key: error})."""
+    prefix, current, measure = ((LOOP_PREFIX, self.current_kernel, self.measure_kernels) if loop
+                                else ("", self.current, self.measure_many))
+    todo = [s for s in sigs if current(s) is None]
     errors: dict[str, XrlflowError] = {}
     for i in range(0, len(todo), BATCH):
       chunk = todo[i:i + BATCH]
       if progress:
         print(f"  [{i + 1}-{i + len(chunk)}/{len(todo)}] {chunk[0].describe()} ...", flush=True)
-      measured, err = self.measure_many(chunk)
+      measured, err = measure(chunk)
       for key, entry in measured.items():
-        self.cache.put(key, entry)
+        self.cache.put(prefix + key, entry)
       errors.update(err)
       if save and (i // BATCH + 1) % 2 == 0:
         self.cache.save()
     if todo and save:
       self.cache.save()
-    return {s.key: self.cache.get(s.key) for s in sigs if s.key not in errors}, errors
+    return ({s.key: self.cache.get(prefix + s.key) for s in sigs if s.key not in errors},
+            errors)
 
   def profile_graph(self, graph: layout.Graph, *, save: bool = True,
                     progress: bool = False) -> GraphProfile:

@@ -116,10 +116,11 @@ def check_request(source: str, *, method: str, size: str,
     raise OptimizeError(f"the numerics tolerance must be a finite number >= 0, got "
                         f"{tolerance!r}")
   try:  # checked even with measure_latency=False: a bad value is a mistake either way
-    check_settings(latency_rounds, repeats_per_round, min_round_ms=min_round_ms)
+    check_settings(latency_rounds, repeats_per_round, min_round_ms=min_round_ms,
+                   looks=latency_looks)
   except MeasurementError as e:
-    raise OptimizeError(f"{e} (--latency_rounds, --repeats_per_round, --min_round_ms)") from None
-  _positive_int(latency_looks, "the sets of latency rounds (--latency_looks)")
+    raise OptimizeError(f"{e} (--latency_rounds, --repeats_per_round, --min_round_ms, "
+                        "--latency_looks)") from None
   shapes = {}
   for name, dims in dict(input_shapes or {}).items():
     shapes[str(name)] = check_shape(str(name), dims)
