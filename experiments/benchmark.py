@@ -18,9 +18,11 @@ job's, 64), PPO's environment --ppo_max_locations (its action space; default 16)
 model, original included, are compiled and timed interleaved in one process
 (`measure.compare`: --rounds rounds of --repeats_per_round runs each, more for a fast graph so
 that a round lasts --min_round_ms, in a fresh random order per round, with an identical copy of
-the original as control); each measured speedup comes with
-its 95% bootstrap interval and a verdict (faster / no change / slower / unchanged), and each
-graph's outputs are compared with the original's. A method that fails, or whose outputs differ,
+the original as control; up to --looks such sets, another while some method's guard verdict
+is "no change", as the optimise job's --latency_looks); each measured speedup comes with
+its 95% bootstrap interval over every round timed and a verdict (faster / no change / slower /
+unchanged), "guard returns" replays the optimise job's measured guard on the same rounds, and
+each graph's outputs are compared with the original's. A method that fails, or whose outputs differ,
 keeps its row with n/a and the reason in the note, and the binary exits 1 after writing the
 tables (--allow_failures: exit 0).
 
@@ -45,7 +47,8 @@ import numpy as np
 from absl import app, flags
 
 from experiments.configs import ppo as ppo_configs
-from xrlflow_jax import cost
+from xrlflow_jax import cost, measure
+from xrlflow_jax import optimize as opt
 from xrlflow_jax.agents import training
 from xrlflow_jax.cost import kernel_table
 from xrlflow_jax import graph as G
@@ -92,6 +95,9 @@ _PPO_MINUTES = flags.DEFINE_float("ppo_minutes", 0.0, "ppo: stop training after 
                                   "kernel table and compiles included; the row's note says how "
                                   "many steps it took); 0: all of --ppo_timesteps.")
 _ROUNDS = flags.DEFINE_integer("rounds", 10, "Interleaved timing rounds.")
+_LOOKS = flags.DEFINE_integer("looks", opt.DEFAULT_LOOKS, "Sets of --rounds rounds timed at "
+                             "most, as the optimise job's --latency_looks: another while a "
+                             "method's guard verdict is 'no change'.")
 _REPEATS = flags.DEFINE_integer("repeats_per_round", 3, "Timed runs per graph per round (at "
                                 "least; see --min_round_ms).")
 _MIN_ROUND = flags.DEFINE_float("min_round_ms", 30.0, "More runs per round for a fast graph, so "
@@ -227,7 +233,7 @@ def benchmark_model(spec, ruleset, ppo_ruleset, coeffs, methods: list[str],
   if spec.label in against:
     outcomes.append(B.against_outcome(against[spec.label], loaded, coeffs, kernels, _SEED.value))
   measured = B.measure_outcomes(
-      graph, params, [o.graph for o in outcomes], rounds=_opt("rounds"),
+      graph, params, [o.graph for o in outcomes], rounds=_opt("rounds"), looks=_LOOKS.value,
       repeats_per_round=_opt("repeats_per_round"), min_round_ms=_opt("min_round_ms"),
       own_params=[o.params for o in outcomes], checkpoints=[o.checkpoints for o in outcomes],
       seed=_SEED.value)
@@ -254,6 +260,11 @@ def main(argv: list[str]) -> None:
   unknown = [m for m in methods if m not in B.METHODS]
   if unknown:
     raise app.UsageError(f"unknown methods {unknown}; use {B.METHODS}")
+  try:  # before any search: a bad timing setting would fail every model's row at its end
+    measure.check_settings(_opt("rounds"), _opt("repeats_per_round"),
+                           min_round_ms=_opt("min_round_ms"), looks=_LOOKS.value)
+  except measure.MeasurementError as e:
+    raise app.UsageError(str(e)) from None
   size = _opt("size")
   names = _MODELS.value or (list(QUICK_MODELS) if _QUICK.value else None)
   specs = ([workflow.resolve(n, size) for n in names] if names
@@ -278,7 +289,8 @@ def main(argv: list[str]) -> None:
             f"environment: x {ppo_ruleset.max_locations}); budgets: {search_options()}, ppo "
             f"{_opt('ppo_timesteps')} steps (horizon {_opt('ppo_horizon')}); timing: "
             f"{_opt('rounds')} interleaved rounds x {_opt('repeats_per_round')} runs (more for a "
-            f"fast graph: a round lasts >= {_opt('min_round_ms'):g} ms)")
+            f"fast graph: a round lasts >= {_opt('min_round_ms'):g} ms), up to {_LOOKS.value} "
+            "sets while a guard verdict is 'no change'")
   print(header, flush=True)
   rows: list[dict[str, Any]] = []
   for done, spec in enumerate(specs, 1):

@@ -41,7 +41,8 @@ from typing import Any
 from absl import app, flags
 
 from experiments.configs import ppo as ppo_configs
-from xrlflow_jax import cost
+from xrlflow_jax import cost, measure
+from xrlflow_jax import optimize as opt
 from xrlflow_jax.agents import training
 from xrlflow_jax.cost import kernel_table
 from xrlflow_jax import graph as G
@@ -77,6 +78,9 @@ _SAMPLES = flags.DEFINE_integer("samples", 8, "K of ppo-best-of-K.")
 _GREEDY_STEPS = flags.DEFINE_integer("greedy_steps", 100, "greedy: max rewrites.")
 _TASO_BUDGET = flags.DEFINE_integer("taso_budget", 200, "taso: graphs expanded.")
 _ROUNDS = flags.DEFINE_integer("rounds", 10, "Interleaved timing rounds.")
+_LOOKS = flags.DEFINE_integer("looks", opt.DEFAULT_LOOKS, "Sets of --rounds rounds timed at "
+                             "most, as the optimise job's --latency_looks: another while a "
+                             "method's guard verdict is 'no change'.")
 _REPEATS = flags.DEFINE_integer("repeats_per_round", 3, "Timed runs per graph per round.")
 _SEED = flags.DEFINE_integer("seed", 0, "Seed of weights, training and sampling.")
 _KERNELS = flags.DEFINE_bool("kernel_table", True, "Cost with measured MatMul and convolution "
@@ -161,7 +165,7 @@ def evaluate_graph(policy, spec, seen: str, graph, params, coeffs) -> list[dict[
     print(f"  {o.method}: modelled x{original.modelled_cost / o.modelled_cost:.3f} in "
           f"{o.seconds:.1f}s {o.note}", flush=True)
   measured = B.measure_outcomes(
-      graph, params, [o.graph for o in outcomes], rounds=_opt("rounds"),
+      graph, params, [o.graph for o in outcomes], rounds=_opt("rounds"), looks=_LOOKS.value,
       repeats_per_round=_opt("repeats_per_round"),
       checkpoints=[o.checkpoints for o in outcomes], seed=_SEED.value)
   base = {"model": spec.label, "shape": spec.shape_label, "seen": seen,
@@ -171,6 +175,10 @@ def evaluate_graph(policy, spec, seen: str, graph, params, coeffs) -> list[dict[
 
 def main(argv: list[str]) -> None:
   del argv
+  try:  # before training: a bad timing setting would fail every row at its end
+    measure.check_settings(_opt("rounds"), _opt("repeats_per_round"), looks=_LOOKS.value)
+  except measure.MeasurementError as e:
+    raise app.UsageError(str(e)) from None
   size = _opt("size")
   out_dir = Path(_OUTPUT.value)
   out_dir.mkdir(parents=True, exist_ok=True)
@@ -190,7 +198,8 @@ def main(argv: list[str]) -> None:
   header = (f"# xrlflow_jax generalisation\n\n{machine.machine_header()}\n- every graph at capacity "
             f"{capacity}; rules: {len(ruleset)} x {ruleset.max_locations} locations; greedy "
             f"{_opt('greedy_steps')} steps, taso budget {_opt('taso_budget')}; timing: "
-            f"{_opt('rounds')} interleaved rounds x {_opt('repeats_per_round')} runs")
+            f"{_opt('rounds')} interleaved rounds x {_opt('repeats_per_round')} runs, up to "
+            f"{_LOOKS.value} sets while a guard verdict is 'no change'")
   print(header, flush=True)
   policy = training.train_ppo([s.label for s in train_specs], [g for g, _ in train_loaded],
                               [p for _, p in train_loaded], ppo_config(), coeffs, ruleset,

@@ -158,6 +158,84 @@ def test_benchmark_rows_say_what_the_measured_guard_returns():
   assert B._guarded(comparison(0.9, 1.0), [0, 1], [5], seed=0) == (1.0, "input")  # pylint: disable=protected-access
 
 
+def test_benchmark_guard_replays_the_optimise_jobs_looks():
+  """With looks, "guard returns" is what the optimise job's guard returns on the same rounds:
+  it looks again only while one of its own changed graphs is "no change" (a graph decided in
+  the first set is returned from that set even when later rounds, timed for another method,
+  would undo it), at `measure.look_level` per look."""
+  from xrlflow_jax import measure  # pylint: disable=g-import-not-at-top
+  from xrlflow_jax.harness import benchmark as B  # pylint: disable=g-import-not-at-top
+  rng = np.random.default_rng(1)
+  ref = 1.0 + 0.01 * rng.standard_normal(20)
+  copy = ref * (1.0 + 0.003 * rng.standard_normal(20))
+  late = np.concatenate([1.04 + 0.08 * rng.standard_normal(10),  # gain hidden in the noise
+                         1.12 + 0.005 * rng.standard_normal(10)])
+  undone = np.concatenate([np.full(10, 1.30), np.full(10, 0.70)])  # faster, then slower
+  stats = cost.LatencyStats(1.0, 0.9, 1.1, 10, 0.0, "cpu", "cpu")
+  changed = measure.Speedup(1.0, 0.9, 1.1, 1.0, 0.99, 1.01, "no change", 0.95, 20)
+
+  def comparison(*ratios, unchanged=()):
+    cands = [ref if i in unchanged else ref / r for i, r in enumerate(ratios)]
+    speedups = [measure.Speedup.unchanged() if i in unchanged else changed
+                for i in range(len(ratios))]
+    return measure.Comparison(stats, stats, [], speedups, None, (ref, copy, cands))
+
+  at = measure.look_level(measure.LEVEL, 2)  # the premises, checked, not assumed
+  first, both = slice(0, 10), slice(0, 20)
+  assert measure.speedup(ref[first], (ref / late)[first], copy[first], level=at).verdict == (
+      "no change")
+  assert measure.speedup(ref[both], (ref / late)[both], copy[both], level=at).faster
+  assert measure.speedup(ref[first], (ref / undone)[first], copy[first], level=at).faster
+  assert not measure.speedup(ref[both], (ref / undone)[both], copy[both]).faster
+
+  guarded = B._guarded  # pylint: disable=protected-access
+  # A gain the first set cannot decide: the second set finds it (one set would not).
+  assert guarded(comparison(late), [0], [], seed=0, rounds=10, looks=2)[1] == "graph"
+  assert guarded(comparison(late), [0], [], seed=0, rounds=10, looks=1) == (1.0, "input")
+  cut = measure.Comparison(stats, stats, [], [changed], None, (ref[first], copy[first],
+                                                               [(ref / late)[first]]))
+  assert guarded(cut, [0], [], seed=0, rounds=10, looks=2) == (1.0, "input")  # one set timed
+  # Decided in the first set: the job stops there and returns it, whatever came after.
+  ratio, what = guarded(comparison(undone), [0], [], seed=0, rounds=10, looks=2)
+  assert what == "graph" and ratio == pytest.approx(1.30, rel=1e-3)
+  assert guarded(comparison(undone), [0], [], seed=0) == (1.0, "input")  # all rounds at once
+  # An unchanged prefix is not "no change": it does not make the job look again.
+  ratio, what = guarded(comparison(undone, 1.0, unchanged=(1,)), [0, 1], [3], seed=0,
+                        rounds=10, looks=2)
+  assert what == "graph" and ratio == pytest.approx(1.30, rel=1e-3)
+
+
+def test_benchmark_verdicts_stay_at_95_percent_with_looks_and_prefixes():
+  """The benchmark times at the strictest guard level (prefixes, looks), but each graph's own
+  verdict column is its 95% interval over every round timed."""
+  from tests.test_search import toy_graph  # pylint: disable=g-import-not-at-top
+  from xrlflow_jax import measure  # pylint: disable=g-import-not-at-top
+  from xrlflow_jax.harness import benchmark as B  # pylint: disable=g-import-not-at-top
+  from xrlflow_jax.ops import Op  # pylint: disable=g-import-not-at-top
+  from xrlflow_jax.search.guard import Checkpoint  # pylint: disable=g-import-not-at-top
+  graph, params = toy_graph()
+  op = np.array(graph.nodes["op"])
+  (add,) = np.flatnonzero(np.asarray(graph.nodes["alive"]) & (op == int(Op.ADD)))
+  op[add] = int(Op.MUL)
+  other = graph._replace(nodes={**graph.nodes, "op": op})
+  measured = B.measure_outcomes(graph, params, [other], rounds=5, repeats_per_round=1,
+                                min_round_ms=0.0, looks=2,
+                                checkpoints=[[Checkpoint(1, other, 1.0)]])
+  (v,) = measured.speedups
+  assert v.level == pytest.approx(measure.LEVEL) and v.rounds in (5, 10)
+  assert measured.returned[0][1] in ("graph", "first 1", "input")
+
+
+@pytest.mark.parametrize("binary", ["experiments.benchmark", "experiments.evaluate"])
+def test_benchmarks_refuse_bad_looks_before_any_work(tmp_path, binary):
+  proc = subprocess.run([sys.executable, "-m", binary, "--quick", "--looks=0",
+                         f"--output={tmp_path}"], cwd=REPO, capture_output=True, text=True,
+                        timeout=120, check=False)
+  assert proc.returncode != 0
+  assert "looks (sets of rounds) must be an integer >= 1, got 0" in proc.stdout + proc.stderr
+  assert not list(tmp_path.iterdir())  # refused before any model ran
+
+
 def test_benchmark_checks_the_outputs_of_the_prefixes_it_times():
   """A search's checkpoint prefix is timed beside its graph and must compute what the original
   does: one that does not fails the method's row (its numerics are the prefix's)."""

@@ -244,21 +244,32 @@ def measure_outcomes(original: Graph, params: ParamStore, graphs: Sequence[Graph
                      min_round_ms: float = 30.0, backend: str | None = None,
                      own_params: Sequence[ParamStore | None] | None = None,
                      checkpoints: Sequence[Sequence[Any]] | None = None,
-                     seed: int = 0) -> Measured:
+                     seed: int = 0, looks: int = 1) -> Measured:
   """Latency of `original` and of each graph, timed interleaved in one process with an
   identical copy of the original as control (`measure.compare`), and each graph's outputs
   compared with the original's on the same random inputs. `own_params[i]`: graph i's own
   weights (a graph loaded apart; None: `params`). `checkpoints[i]`: graph i's path prefixes
   (`search.guard.Checkpoint`s), timed in the same rounds for what the optimise job's measured
   guard returns (`Measured.returned`); a prefix whose outputs differ is that graph's numerics.
+
+  `looks`: sets of `rounds` rounds timed at most, as the optimise job's `--latency_looks`:
+  another set while any graph's guard verdict could still be "no change" (`measure.compare`
+  at the strictest guard level). Each graph's verdict (`Measured.speedups`) is over every
+  round timed at `measure.LEVEL`; what its guard returns replays the job's procedure on the
+  same rounds (`_guarded`): the job would have stopped after the first set when its own
+  verdicts were all decided, and this reports what it would then have returned.
   """
   own = list(own_params) if own_params is not None else [None] * len(graphs)
   cps = [list(c) for c in checkpoints] if checkpoints is not None else [[] for _ in graphs]
   present = [g for g in graphs if g is not None]  # compiling validates each of them
   extra = [c.graph for g, cs in zip(graphs, cps) if g is not None for c in cs]
+  # Another set of rounds whenever some method's guard would take one: compare's stopping
+  # rule at the strictest of their levels ("no change" there covers every looser level).
+  strictest = min([measure.LEVEL] + [guard.checkpoint_level(len(cs))
+                                     for g, cs in zip(graphs, cps) if g is not None])
   cmp = measure.compare(original, present + extra, params, rounds=rounds,
                         repeats_per_round=repeats_per_round, min_round_ms=min_round_ms,
-                        backend=backend,
+                        backend=backend, level=strictest, looks=looks,
                         tolerance=measure.DEFAULT_TOLERANCE,
                         candidate_params=[p for g, p in zip(graphs, own) if g is not None]
                         + [None] * len(extra))
@@ -276,25 +287,53 @@ def measure_outcomes(original: Graph, params: ParamStore, graphs: Sequence[Graph
       returned.append(None)
       continue
     slots = [i] + [next(extra_at) for _ in cs]
-    returned.append(_guarded(cmp, slots, [c.rewrites for c in cs], seed))
+    returned.append(_guarded(cmp, slots, [c.rewrites for c in cs], seed, rounds=rounds,
+                             looks=looks))
     # Every graph timed must compute what the original does, its prefixes too (as the
     # optimise job checks them): a prefix that does not fails the method's row.
     numerics[k] = next((cmp.numerics[j] for j in slots if not cmp.numerics[j].passed),
                        numerics[k])
-  return Measured(cmp.reference, per_graph(cmp.candidates), per_graph(cmp.speedups),
+  return Measured(cmp.reference, per_graph(cmp.candidates),
+                  per_graph([_at_level(cmp, j, measure.LEVEL, seed)
+                             for j in range(len(cmp.speedups))]),
                   numerics, returned)
 
 
+def _at_level(cmp: measure.Comparison, j: int, level: float, seed: int) -> measure.Speedup:
+  """Candidate j's verdict over every round timed, at `level` (compare's own verdicts are at
+  the level its stopping rule used)."""
+  s = cmp.speedups[j]
+  if s.verdict == "unchanged" or s.level == level or cmp.round_ms is None:
+    return s
+  ref, copy, cands = cmp.round_ms
+  return measure.speedup(ref, cands[j], copy, level=level, seed=seed)
+
+
 def _guarded(cmp: measure.Comparison, slots: Sequence[int], lengths: Sequence[int],
-             seed: int) -> tuple[float, str]:
+             seed: int, *, rounds: int | None = None, looks: int = 1) -> tuple[float, str]:
   """(speedup, what) the optimise job's measured guard returns from the comparison's
   candidates `slots` (the whole path, then its prefixes of `lengths` rewrites): the fastest of
-  those measured significantly faster at `search.guard.checkpoint_level`, else the input."""
+  those measured significantly faster at `search.guard.checkpoint_level` (per look,
+  `measure.look_level`), else the input.
+
+  It replays the job's (up to `looks`) sets of `rounds` rounds on the comparison's rounds
+  (timed in that order; `rounds` None: all of them as one set): after each set the verdicts
+  over the rounds so far; the job stops at the first set where none of its changed graphs is
+  "no change", or when the rounds timed run out.
+  """
   if cmp.round_ms is None or cmp.round_ms[1] is None:  # nothing was timed: all unchanged
     return 1.0, "input"
   ref, copy, cands = cmp.round_ms
-  level = guard.checkpoint_level(len(slots) - 1)
-  verdicts = [measure.speedup(ref, cands[j], copy, level=level, seed=seed) for j in slots]
+  level = measure.look_level(guard.checkpoint_level(len(slots) - 1), looks)
+  timed = [j for j in slots if j >= len(cmp.speedups) or cmp.speedups[j].verdict != "unchanged"]
+  step = len(ref) if rounds is None else rounds
+  for look in range(1, looks + 1):
+    n = min(look * step, len(ref))
+    verdicts = [measure.speedup(ref[:n], cands[j][:n], copy[:n], level=level, seed=seed)
+                if j in timed else measure.Speedup.unchanged() for j in slots]
+    if n == len(ref) or all(v.verdict != "no change" for v in verdicts
+                            if v.verdict != "unchanged"):
+      break
   best = guard.fastest_faster(verdicts)
   if best is None:
     return 1.0, "input"
