@@ -150,8 +150,8 @@ def test_benchmark_rows_say_what_the_measured_guard_returns():
   ref = 1.0 + 0.01 * rng.standard_normal(12)
   copy = ref * (1.0 + 0.005 * rng.standard_normal(12))
   def comparison(*ratios):
-    return measure.Comparison(stats(1.0), stats(1.0), [], [], None,
-                              (ref, copy, [ref / r for r in ratios]))
+    return measure.Comparison(stats(1.0), stats(1.0), [], [verdict("no change", 1.0)] * len(ratios),
+                              None, (ref, copy, [ref / r for r in ratios]))
   assert B._guarded(comparison(1.0, 1.3), [0, 1], [5], seed=0)[1] == "first 5"  # pylint: disable=protected-access
   assert B._guarded(comparison(1.0, 1.3), [0, 1], [5], seed=0)[0] == pytest.approx(1.3, rel=0.02)  # pylint: disable=protected-access
   assert B._guarded(comparison(1.4, 1.3), [0, 1], [5], seed=0)[1] == "graph"  # pylint: disable=protected-access

@@ -279,6 +279,12 @@ def test_compare_looks_again_only_while_a_verdict_is_no_change(monkeypatch):
   assert len(calls) >= 2 and calls == sorted(set(calls))  # each set in a fresh order
   assert v.rounds == 6 * len(calls) and v.level == pytest.approx(1 - 0.05 / 3)
   assert v.verdict == "faster" and len(twice.round_ms[0]) == v.rounds, v
+  # Replaying the looks on the rounds timed (what the benchmark reports for the optimise job)
+  # gives compare's own verdicts: the same sets, the same stopping rule, the same intervals.
+  ref, copy, cands = twice.round_ms
+  assert measure.sequential_verdicts(ref, cands, copy, rounds=6, looks=3) == twice.speedups
+  ref, copy, cands = once.round_ms
+  assert measure.sequential_verdicts(ref, cands, copy, rounds=6, looks=1) == once.speedups
   for bad in (0, 1.5, -1):
     with pytest.raises(measure.MeasurementError, match="looks"):
       measure.compare(graph, [other], params, looks=bad)

@@ -24,7 +24,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
@@ -284,6 +284,34 @@ def look_level(level: float, looks: int) -> float:
   return 1 - (1 - level) / looks
 
 
+def settled(verdicts: Iterable[Speedup]) -> bool:
+  """Whether a look decides: no verdict is "no change" (`compare` then times no more sets)."""
+  return all(v.verdict != "no change" for v in verdicts)
+
+
+def sequential_verdicts(reference_ms: np.ndarray, candidates_ms: Sequence[np.ndarray],
+                        control_ms: np.ndarray, *, rounds: int | None, looks: int,
+                        level: float = LEVEL, changed: Sequence[bool] | None = None,
+                        seed: int = 0) -> list[Speedup]:
+  """The verdicts `compare(..., level=level, looks=looks)` gives these candidates, from
+  per-round medians (float64[R] each) timed in this order, perhaps more rounds than it needed:
+  after each set of `rounds` rounds (None: all R as one set), every changed candidate's verdict
+  over the rounds so far at `look_level(level, looks)`; the first set that `settled`, or the
+  last one timed, decides. `changed[i]` False: candidate i is unchanged (`Speedup.unchanged`).
+  """
+  changed = [True] * len(candidates_ms) if changed is None else list(changed)
+  total = len(reference_ms)
+  step = total if rounds is None else rounds
+  at = look_level(level, looks)
+  for look in range(1, looks + 1):
+    n = min(look * step, total)
+    verdicts = [speedup(reference_ms[:n], c[:n], control_ms[:n], level=at, seed=seed) if ch
+                else Speedup.unchanged() for c, ch in zip(candidates_ms, changed)]
+    if n == total or settled(verdicts):
+      break
+  return verdicts
+
+
 def check_settings(rounds: int, repeats_per_round: int, warmup: int = 0,
                    min_round_ms: float = 0.0, looks: int = 1) -> None:
   """MeasurementError naming the setting when the timing settings cannot give a verdict."""
@@ -400,7 +428,7 @@ def compare(reference: layout.Graph, candidates: Sequence[layout.Graph], params:
     medians = [np.array([np.median(r) for r in t]) for t in times]
     verdicts = {j: speedup(medians[0], medians[j], medians[1], seed=seed, level=level)
                 for j in range(2, len(compiled))}
-    if all(v.verdict != "no change" for v in verdicts.values()):
+    if settled(verdicts.values()):
       break
   stats = [latency.stats_of(t, c) for t, c in zip(times, compiled)]
   used = [slot[h] for h in hashes]

@@ -253,8 +253,8 @@ def measure_outcomes(original: Graph, params: ParamStore, graphs: Sequence[Graph
   guard returns (`Measured.returned`); a prefix whose outputs differ is that graph's numerics.
 
   `looks`: sets of `rounds` rounds timed at most, as the optimise job's `--latency_looks`:
-  another set while any graph's guard verdict could still be "no change" (`measure.compare`
-  at the strictest guard level). Each graph's verdict (`Measured.speedups`) is over every
+  another set while any graph timed is "no change" at the strictest guard level (so whenever
+  some method's job would look again). Each graph's verdict (`Measured.speedups`) is over every
   round timed at `measure.LEVEL`; what its guard returns replays the job's procedure on the
   same rounds (`_guarded`): the job would have stopped after the first set when its own
   verdicts were all decided, and this reports what it would then have returned.
@@ -303,7 +303,7 @@ def _at_level(cmp: measure.Comparison, j: int, level: float, seed: int) -> measu
   """Candidate j's verdict over every round timed, at `level` (compare's own verdicts are at
   the level its stopping rule used)."""
   s = cmp.speedups[j]
-  if s.verdict == "unchanged" or s.level == level or cmp.round_ms is None:
+  if s.verdict == "unchanged" or cmp.round_ms is None:
     return s
   ref, copy, cands = cmp.round_ms
   return measure.speedup(ref, cands[j], copy, level=level, seed=seed)
@@ -317,23 +317,15 @@ def _guarded(cmp: measure.Comparison, slots: Sequence[int], lengths: Sequence[in
   `measure.look_level`), else the input.
 
   It replays the job's (up to `looks`) sets of `rounds` rounds on the comparison's rounds
-  (timed in that order; `rounds` None: all of them as one set): after each set the verdicts
-  over the rounds so far; the job stops at the first set where none of its changed graphs is
-  "no change", or when the rounds timed run out.
+  (`measure.sequential_verdicts`; `rounds` None: all of them as one set).
   """
   if cmp.round_ms is None or cmp.round_ms[1] is None:  # nothing was timed: all unchanged
     return 1.0, "input"
   ref, copy, cands = cmp.round_ms
-  level = measure.look_level(guard.checkpoint_level(len(slots) - 1), looks)
-  timed = [j for j in slots if j >= len(cmp.speedups) or cmp.speedups[j].verdict != "unchanged"]
-  step = len(ref) if rounds is None else rounds
-  for look in range(1, looks + 1):
-    n = min(look * step, len(ref))
-    verdicts = [measure.speedup(ref[:n], cands[j][:n], copy[:n], level=level, seed=seed)
-                if j in timed else measure.Speedup.unchanged() for j in slots]
-    if n == len(ref) or all(v.verdict != "no change" for v in verdicts
-                            if v.verdict != "unchanged"):
-      break
+  verdicts = measure.sequential_verdicts(
+      ref, [cands[j] for j in slots], copy, rounds=rounds, looks=looks,
+      level=guard.checkpoint_level(len(slots) - 1), seed=seed,
+      changed=[cmp.speedups[j].verdict != "unchanged" for j in slots])
   best = guard.fastest_faster(verdicts)
   if best is None:
     return 1.0, "input"
