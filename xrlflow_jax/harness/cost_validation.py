@@ -35,7 +35,8 @@ class Item:
   """One measured graph: its role, the rewrites that made it, measured ratio and modelled cost.
 
   kind: "control" (a second copy of the original), "walk" (random rewrite sequence) or
-  "neighbour" (one rewrite of the original).
+  "neighbour" (one rewrite of the original). cost_ms: the roofline model's cost;
+  kernel_cost_ms: the model's with the measured kernel table (nan when not asked for).
   """
   kind: str
   steps: tuple[Step, ...]
@@ -43,6 +44,7 @@ class Item:
   latency_ms: float
   iqr_ms: float
   cost_ms: float
+  kernel_cost_ms: float = float("nan")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,11 +91,12 @@ class ModelValidation(Agreement):
 
   Attributes:
     model: its name; nodes: alive nodes of the original.
-    original_ms / original_cost_ms: measured and modelled latency of the original.
+    original_ms / original_cost_ms: measured and modelled latency of the original;
+      original_kernel_cost_ms: modelled with the kernel table (nan when not asked for).
     items: every measured graph but the original.
     seconds: wall time of the whole validation.
     with_kernels: the same `Agreement` for the model with the measured kernel table (None
-      when not asked for); items' `cost_ms` stay the roofline's.
+      when not asked for); items carry both costs (`cost_ms`, `kernel_cost_ms`).
   """
   model: str
   nodes: int
@@ -102,6 +105,7 @@ class ModelValidation(Agreement):
   items: list[Item]
   seconds: float
   with_kernels: Agreement | None = None
+  original_kernel_cost_ms: float = float("nan")
 
   @property
   def latency_spread(self) -> float:
@@ -242,18 +246,20 @@ def validate_model(graph: layout.Graph, params: ParamStore, coeffs: cost_model.C
   agree = agreement(kinds, measured.ratio, cost, c0, noise_floor=noise_floor,
                     model_tie_tol=model_tie_tol)
   with_kernels = None
+  kcosts = np.full(len(graphs) + 1, np.nan)
   if kernels is not None:
     kcosts = _costs([graph] + graphs, coeffs, kernels)
     with_kernels = agreement(kinds, measured.ratio, kcosts[1:], kcosts[0],
                              noise_floor=noise_floor, model_tie_tol=model_tie_tol)
   iqr = np.median([[s.iqr_ms for s in st] for st in measured.stats], axis=0)
-  items = [Item(k, t, float(r), float(r * measured.reference_ms), float(q), float(c))
-           for k, t, r, q, c in zip(kinds, trails, measured.mean_ratio, iqr, cost)]
+  items = [Item(k, t, float(r), float(r * measured.reference_ms), float(q), float(c), float(kc))
+           for k, t, r, q, c, kc in zip(kinds, trails, measured.mean_ratio, iqr, cost,
+                                        kcosts[1:])]
   nodes = int(np.asarray(graph.nodes["alive"]).sum())
   return ModelValidation(**dataclasses.asdict(agree), model=name, nodes=nodes,
                          original_ms=measured.reference_ms, original_cost_ms=float(c0),
                          items=items, seconds=time.perf_counter() - t_start,
-                         with_kernels=with_kernels)
+                         with_kernels=with_kernels, original_kernel_cost_ms=float(kcosts[0]))
 
 
 def markdown(rows: Sequence[ModelValidation], machine: str) -> str:
