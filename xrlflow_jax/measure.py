@@ -299,17 +299,26 @@ def sequential_verdicts(reference_ms: np.ndarray, candidates_ms: Sequence[np.nda
   over the rounds so far at `look_level(level, looks)`; the first set that `settled`, or the
   last one timed, decides. `changed[i]` False: candidate i is unchanged (`Speedup.unchanged`).
   """
-  changed = [True] * len(candidates_ms) if changed is None else list(changed)
   total = len(reference_ms)
   step = total if rounds is None else rounds
   at = look_level(level, looks)
   for look in range(1, looks + 1):
     n = min(look * step, total)
-    verdicts = [speedup(reference_ms[:n], c[:n], control_ms[:n], level=at, seed=seed) if ch
-                else Speedup.unchanged() for c, ch in zip(candidates_ms, changed)]
+    verdicts = look_verdicts(reference_ms[:n], [c[:n] for c in candidates_ms], control_ms[:n],
+                             level=at, seed=seed, changed=changed)
     if n == total or settled(verdicts):
       break
   return verdicts
+
+
+def look_verdicts(reference_ms: np.ndarray, candidates_ms: Sequence[np.ndarray],
+                  control_ms: np.ndarray, *, level: float, seed: int,
+                  changed: Sequence[bool] | None = None) -> list[Speedup]:
+  """One look: each candidate's `speedup` over the rounds given (float64[R] each) at `level`
+  (already the per-look level); `changed[i]` False gives `Speedup.unchanged()`."""
+  changed = [True] * len(candidates_ms) if changed is None else changed
+  return [speedup(reference_ms, c, control_ms, level=level, seed=seed) if ch
+          else Speedup.unchanged() for c, ch in zip(candidates_ms, changed)]
 
 
 def check_settings(rounds: int, repeats_per_round: int, warmup: int = 0,
@@ -426,8 +435,8 @@ def compare(reference: layout.Graph, candidates: Sequence[layout.Graph], params:
                                     seed=seed + look)
     times = [t + m for t, m in zip(times, more)]
     medians = [np.array([np.median(r) for r in t]) for t in times]
-    verdicts = {j: speedup(medians[0], medians[j], medians[1], seed=seed, level=level)
-                for j in range(2, len(compiled))}
+    verdicts = (dict(enumerate(look_verdicts(medians[0], medians[2:], medians[1], level=level,
+                                             seed=seed), start=2)) if changed else {})
     if settled(verdicts.values()):
       break
   stats = [latency.stats_of(t, c) for t, c in zip(times, compiled)]
