@@ -11,7 +11,7 @@ from xrlflow_jax import cost, executor, ops, search
 from xrlflow_jax import graph as G
 from xrlflow_jax.cost import kernel_table
 from xrlflow_jax.errors import ShapeError
-from xrlflow_jax.ops import Layout, Op
+from xrlflow_jax.ops import ConvKernel, Layout, Op
 from xrlflow_jax.rules import RuleSet
 from xrlflow_jax.rules.library import builtin_rules, layout as layout_rules
 
@@ -32,17 +32,19 @@ def _nhwc_twin(b: G.GraphBuilder, op: Op, x_nchw: G.Tensor, weights: list[G.Tens
   return ref, b.transpose(nhwc, TO_NCHW)
 
 
-@pytest.mark.parametrize("groups, bias, strides, dilations, pads, act", [
-    (1, True, (1, 1), (1, 1), (1, 1, 1, 1), 0),
-    (2, False, (2, 1), (1, 2), (0, 1, 2, 0), 1),
-    (4, True, (1, 2), (2, 1), (2, 2, 2, 2), 2),
+@pytest.mark.parametrize("groups, bias, strides, dilations, pads, act, kernel", [
+    (1, True, (1, 1), (1, 1), (1, 1, 1, 1), 0, ConvKernel.XLA),
+    (2, False, (2, 1), (1, 2), (0, 1, 2, 0), 1, ConvKernel.XLA),
+    (4, True, (1, 2), (2, 1), (2, 2, 2, 2), 2, ConvKernel.XLA),
+    (2, True, (2, 1), (1, 2), (0, 1, 2, 0), 1, ConvKernel.TAPS),
+    (4, False, (1, 2), (2, 1), (2, 2, 2, 2), 2, ConvKernel.TAPS),
 ])
-def test_nhwc_ops_compute_the_nchw_result(groups, bias, strides, dilations, pads, act):
+def test_nhwc_ops_compute_the_nchw_result(groups, bias, strides, dilations, pads, act, kernel):
   b = G.GraphBuilder(seed=0)
   x = b.input((2, 8, 9, 7))
   w = [b.weight((12, 8 // groups, 3, 2))] + ([b.weight((12,), init="bias")] if bias else [])
   y, y2 = _nhwc_twin(b, Op.CONV2D, x, w, strides=strides, dilations=dilations, pads=pads,
-                     groups=groups, activation=act)
+                     groups=groups, activation=act, kernel=int(kernel))
   outs = [y, y2]
   pool = dict(kernel=(3, 2), strides=(2, 1), pads=(1, 0, 1, 1), dilations=dilations)
   outs += _nhwc_twin(b, Op.MAX_POOL, y, [], ceil_mode=True, **pool)
@@ -62,6 +64,36 @@ def test_nhwc_ops_compute_the_nchw_result(groups, bias, strides, dilations, pads
   convs = np.flatnonzero(nd["alive"] & (nd["op"] == Op.CONV2D))
   (n, c, h, w_), nhwc_shape = (tuple(nd["shape"][v][-4:]) for v in convs)
   assert nhwc_shape == (n, h, w_, c) == (2,) + got[0].shape[2:] + (12,)
+
+
+@pytest.mark.parametrize("layout", [Layout.NCHW, Layout.NHWC])
+@pytest.mark.parametrize("groups, out_channels, kernel_hw, strides, dilations, pads", [
+    (6, 6, (3, 3), (1, 1), (1, 1), (1, 1, 1, 1)),   # depthwise
+    (6, 12, (3, 2), (2, 1), (1, 2), (0, 1, 2, 0)),  # depthwise, channel multiplier 2
+    (3, 6, (5, 5), (2, 2), (1, 1), (2, 2, 2, 2)),   # two channels per group
+    (1, 4, (2, 3), (1, 2), (2, 1), (1, 0, 0, 1)),   # ungrouped
+])
+def test_taps_kernel_computes_the_xla_convolution(layout, groups, out_channels, kernel_hw,
+                                                  strides, dilations, pads):
+  """`ConvKernel.TAPS` and `ConvKernel.XLA` lower one Conv2D (bias and activation included) to
+  the same function in either layout; an unknown kernel code is a shape error."""
+  b = G.GraphBuilder(seed=0)
+  x = b.input((2, 6, 9, 8))
+  w = b.weight((out_channels, 6 // groups) + kernel_hw)
+  bias = b.weight((out_channels,), init="bias")
+  if layout == Layout.NHWC:
+    x, w = b.transpose(x, TO_NHWC), b.transpose(w, OIHW_TO_HWIO)
+  attrs = dict(strides=strides, dilations=dilations, pads=pads, groups=groups, activation=3,
+               layout=int(layout))
+  ys = [b.node(Op.CONV2D, [x, w, bias], kernel=int(k), **attrs) for k in ConvKernel]
+  b.output(*ys)
+  graph, params = b.build(capacity=32)
+  xla, taps = executor.run(graph, params, np.random.default_rng(0).standard_normal((2, 6, 9, 8)))
+  assert xla.shape == taps.shape
+  np.testing.assert_allclose(taps, xla, rtol=1e-5, atol=1e-5)
+  assert np.std(xla) > 0.05  # a non-trivial output
+  with pytest.raises(ShapeError, match="kernel must be XLA"):
+    b.node(Op.CONV2D, [x, w, bias], kernel=2, **attrs)
 
 
 def test_nhwc_shape_errors_name_the_layout():

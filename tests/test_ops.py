@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 
 from xrlflow_jax import GraphBuilder, executor, ops
-from xrlflow_jax.ops import MAX_RANK, Activation, DType
+from xrlflow_jax.ops import MAX_RANK, Activation, ConvKernel, DType
 
 Reference = Callable[..., np.ndarray]
 
@@ -372,6 +372,15 @@ def _conv_cases() -> list[OpCase]:
     args = (Arg(xs), Arg(ws)) + ((Arg((ws[0],)),) if bias else ())
     cases.append(OpCase("Conv2D", name, args, dict(attrs),
                         lambda *v, a=dict(attrs): ref_conv2d(*v, **a), rtol=1e-4, atol=1e-4))
+    # The same convolution lowered tap by tap (`ConvKernel.TAPS`) against the same reference.
+    cases.append(OpCase("Conv2D", f"{name}_taps", args, dict(attrs, kernel=int(ConvKernel.TAPS)),
+                        lambda *v, a=dict(attrs): ref_conv2d(*v, **a), rtol=1e-4, atol=1e-4))
+  cases.append(OpCase("Conv2D", "depthwise_multiplier2_taps", (Arg((1, 3, 6, 5)),
+                      Arg((6, 1, 3, 3)), Arg((6,))),
+                      {"pads": (1, 1, 1, 1), "groups": 3, "kernel": int(ConvKernel.TAPS),
+                       "activation": int(Activation.RELU)},
+                      lambda *v: ref_conv2d(*v, pads=(1, 1, 1, 1), groups=3, activation=1),
+                      rtol=1e-4, atol=1e-4))
   for act in list(Activation)[1:]:
     attrs = {"pads": (1, 0, 1, 2), "activation": int(act)}
     cases.append(OpCase("Conv2D", f"bias_{act.name.lower()}",

@@ -13,7 +13,7 @@ from jax import lax
 from xrlflow_jax.ops import precision, spec
 from xrlflow_jax.ops.codes import Op
 from xrlflow_jax.ops.spec import MAX_RANK as R
-from xrlflow_jax.ops.spec import Activation, AttrField, Layout, OpSpec
+from xrlflow_jax.ops.spec import Activation, AttrField, ConvKernel, Layout, OpSpec
 
 
 def apply_activation(x: jax.Array, activation: int) -> jax.Array:
@@ -47,12 +47,14 @@ def _layout_check(xp, layout) -> spec.Check:
 
 # ------------------------------------------------------------------ Conv2D
 # x [N, C, H, W], w [O, C/groups, kh, kw], optional bias [O] -> [N, O, Ho, Wo]; with layout
-# NHWC: x [N, H, W, C], w [kh, kw, C/groups, O] -> [N, Ho, Wo, O].
+# NHWC: x [N, H, W, C], w [kh, kw, C/groups, O] -> [N, Ho, Wo, O]. `kernel` (`ConvKernel`)
+# chooses how it is lowered, not what it computes.
 
 _CONV_ATTRS = (AttrField("strides", 2, default=(1, 1)), AttrField("pads", 4, default=(0, 0, 0, 0)),
                AttrField("dilations", 2, default=(1, 1)), AttrField("groups", default=1), _ACT,
-               _LAYOUT)
+               _LAYOUT, AttrField("kernel", default=int(ConvKernel.XLA)))
 _CONV_LAYOUT = _offset(_CONV_ATTRS, "layout")
+_CONV_KERNEL = _offset(_CONV_ATTRS, "kernel")
 
 
 def _conv_out(xp, size, pad, kernel, stride, dilation):
@@ -97,8 +99,64 @@ def _conv_rule(xp, in_shapes, in_ranks, attrs, n_inputs):
       (xp.asarray(o % g == 0), "output channels must be divisible by groups"),
       (xp.asarray((ho >= 1) & (wo >= 1)), "kernel larger than the padded input"),
       _layout_check(xp, attrs[_CONV_LAYOUT]),
+      (xp.asarray((attrs[_CONV_KERNEL] == ConvKernel.XLA)
+                  | (attrs[_CONV_KERNEL] == ConvKernel.TAPS)), "kernel must be XLA (0) or TAPS (1)"),
   ]
   return out, xp.asarray(4, xp.int32), checks
+
+
+def _conv_taps(x: jax.Array, w: jax.Array, a: dict[str, Any], nhwc: bool) -> jax.Array:
+  """Conv2D as a sum over kernel taps (`ConvKernel.TAPS`), in x's layout and without bias.
+
+  x: [N, C, H, W] (NHWC: [N, H, W, C]); w: [O, C/G, kh, kw] (NHWC: [kh, kw, C/G, O]).
+  Tap (i, j) reads the strided window of the padded input that meets weight w[..., i, j] and
+  contributes window [N, G, C/G, Ho, Wo] x w_tap [G, O/G, C/G] -> [N, G, O/G, Ho, Wo] (a
+  broadcast multiply when C/G is 1, else a dot per group). 16-bit floats accumulate in float32.
+  """
+  (sh, sw), (dh, dw), g = a["strides"], a["dilations"], int(a["groups"])
+  pt, pl, pb, pr = a["pads"]
+  if nhwc:
+    kh, kw, cg, o = w.shape
+    n, h, wd, _ = x.shape
+  else:
+    o, cg, kh, kw = w.shape
+    n, _, h, wd = x.shape
+  og = o // g
+  ho = (h + pt + pb - dh * (kh - 1) - 1) // sh + 1
+  wo = (wd + pl + pr - dw * (kw - 1) - 1) // sw + 1
+  acc_dtype = jnp.float32 if jnp.dtype(x.dtype).itemsize < 4 else x.dtype
+  x = x.astype(acc_dtype)
+  w = w.astype(acc_dtype)
+  zero = jnp.zeros((), acc_dtype)
+  hw = (1, 2) if nhwc else (2, 3)
+  config = [(0, 0, 0)] * 4
+  config[hw[0]], config[hw[1]] = (pt, pb, 0), (pl, pr, 0)
+  xp = lax.pad(x, zero, config)
+  total = None
+  for i in range(kh):
+    for j in range(kw):
+      start, limit, step = [0] * 4, list(xp.shape), [1] * 4
+      for axis, k, d, s, size in ((hw[0], i, dh, sh, ho), (hw[1], j, dw, sw, wo)):
+        start[axis], limit[axis], step[axis] = k * d, k * d + s * (size - 1) + 1, s
+      window = lax.slice(xp, start, limit, step)
+      if nhwc:  # [N, Ho, Wo, G, C/G] x [G, C/G, O/G]
+        window = window.reshape(n, ho, wo, g, cg)
+        tap = w[i, j].reshape(cg, g, og).transpose(1, 0, 2)
+        if cg == 1:
+          term = window * tap[:, 0]
+        else:
+          term = jnp.einsum("nhwgi,gio->nhwgo", window, tap, precision=precision.current())
+        term = term.reshape(n, ho, wo, o)
+      else:  # [N, G, C/G, Ho, Wo] x [G, O/G, C/G]
+        window = window.reshape(n, g, cg, ho, wo)
+        tap = w[:, :, i, j].reshape(g, og, cg)
+        if cg == 1:
+          term = window * tap[None, :, :, :, None]
+        else:
+          term = jnp.einsum("ngihw,goi->ngohw", window, tap, precision=precision.current())
+        term = term.reshape(n, o, ho, wo)
+      total = term if total is None else total + term
+  return total
 
 
 def _conv_lower(inputs, a, out_shape, out_dtype):
@@ -106,10 +164,13 @@ def _conv_lower(inputs, a, out_shape, out_dtype):
   pt, pl, pb, pr = a["pads"]
   nhwc = a["layout"] == Layout.NHWC
   numbers = ("NHWC", "HWIO", "NHWC") if nhwc else ("NCHW", "OIHW", "NCHW")
-  y = lax.conv_general_dilated(
-      x, w.astype(x.dtype), window_strides=a["strides"], padding=((pt, pb), (pl, pr)),
-      rhs_dilation=a["dilations"], dimension_numbers=numbers,
-      feature_group_count=a["groups"], precision=precision.current())
+  if a["kernel"] == ConvKernel.TAPS:
+    y = _conv_taps(x, w.astype(x.dtype), a, nhwc).astype(x.dtype)
+  else:
+    y = lax.conv_general_dilated(
+        x, w.astype(x.dtype), window_strides=a["strides"], padding=((pt, pb), (pl, pr)),
+        rhs_dilation=a["dilations"], dimension_numbers=numbers,
+        feature_group_count=a["groups"], precision=precision.current())
   if len(inputs) > 2:
     bias = inputs[2].astype(y.dtype)
     y = y + (bias if nhwc else bias[None, :, None, None])

@@ -94,6 +94,21 @@ class Layout(enum.IntEnum):
   NHWC = 1
 
 
+class ConvKernel(enum.IntEnum):
+  """How a Conv2D is lowered to XLA (the same function either way; a choice of kernel).
+
+  XLA: one `lax.conv_general_dilated` (what an ONNX Conv becomes; every imported graph's).
+  TAPS: one strided slice of the padded input per kernel tap, scaled by that tap's weights
+  and summed: a per-channel multiply-add when each group has one input channel (depthwise),
+  a per-group dot otherwise. XLA:CPU's grouped-convolution emitter is slow (a 3x3 depthwise
+  convolution of 128 x 56 x 56 ran 50x faster as taps on the 2-core CPU), so the rule
+  `conv_taps` offers this choice to the search and the measured kernel table decides. ONNX
+  has no such choice: an exported Conv is the same Conv whichever kernel was chosen.
+  """
+  XLA = 0
+  TAPS = 1
+
+
 def float_to_bits(value: float) -> int:
   """Encodes a float32 value as the int32 with the same bits (float attributes)."""
   return int(np.array(value, dtype=np.float32).view(np.int32))
