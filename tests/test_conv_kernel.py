@@ -1,0 +1,90 @@
+"""The convolution kernel choice (`ConvKernel`): a search whose table measures tap-by-tap
+grouped convolutions faster lowers every grouped convolution, and only those, that way; the
+result computes the original function and exports to the same standard ONNX Conv."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from xrlflow_jax import cost, executor, ops, search
+from xrlflow_jax import graph as G
+from xrlflow_jax.cost import kernel_table
+from xrlflow_jax.ops import ConvKernel, Op
+from xrlflow_jax.rules import RuleSet
+from xrlflow_jax.rules.library import builtin_rules, kernel as kernel_rules
+
+from tests.test_kernel_table import _TableProfiler
+
+CONV = ops.get(Op.CONV2D).attr_offsets()
+GROUPS, KERNEL = CONV["groups"][0], CONV["kernel"][0]
+
+
+def _separable_stack(capacity: int = 48) -> tuple[G.Graph, G.ParamStore]:
+  """Depthwise (with and without bias), 4-group and pointwise convolutions: NASNet-like."""
+  b = G.GraphBuilder(seed=0)
+  x = b.input((1, 8, 12, 12))
+  y = b.conv2d(x, b.weight((8, 1, 3, 3)), padding=1, groups=8)
+  y = b.relu(b.conv2d(y, b.weight((16, 8, 1, 1)), b.weight((16,), init="bias")))
+  z = b.conv2d(y, b.weight((16, 1, 5, 5)), b.weight((16,), init="bias"), strides=(2, 2),
+               padding=2, groups=16, activation="relu")
+  z = b.conv2d(z, b.weight((16, 4, 3, 3)), padding=1, groups=4)
+  b.output(b.global_avg_pool(z))
+  return b.build(capacity=capacity)
+
+
+def _search(graph, params, tmp_path, taps_ms: float):
+  rs = RuleSet([r for r in builtin_rules() if r.family == kernel_rules.FAMILY], max_locations=8)
+  def ms(sig):
+    if sig.op == "Conv2D" and int(sig.attrs[KERNEL]) == ConvKernel.TAPS:
+      return taps_ms
+    return 1.0
+  times = kernel_table.KernelTimes(_TableProfiler(tmp_path, ms))
+  ex = search.Expander(rs, cost.load_coefficients("cpu"), kernels=times)
+  return search.optimize(graph, params, "greedy", expander=ex, max_steps=10), rs
+
+
+def _live_convs(graph: G.Graph) -> list[np.ndarray]:
+  g = G.to_host(graph)
+  live = np.asarray(G.live_nodes(g)) & ~g.nodes["is_constant"]
+  return [g.nodes["attrs"][v] for v in np.flatnonzero(live & (g.nodes["op"] == Op.CONV2D))]
+
+
+def test_search_lowers_every_grouped_convolution_tap_by_tap(tmp_path):
+  graph, params = _separable_stack()
+  found, rs = _search(graph, params, tmp_path, taps_ms=0.1)
+  convs = _live_convs(found.best_graph)
+  assert len(convs) == 4
+  for attrs in convs:  # grouped: taps; the pointwise (ungrouped) one stays with XLA
+    assert attrs[KERNEL] == (ConvKernel.TAPS if attrs[GROUPS] > 1 else ConvKernel.XLA), attrs
+  assert sorted(s.rule for s in found.rewrites) == ["conv_bias_taps", "conv_taps", "conv_taps"]
+  x = np.random.default_rng(0).standard_normal((1, 8, 12, 12)).astype(np.float32)
+  np.testing.assert_allclose(executor.run(found.best_graph, params, x)[0],
+                             executor.run(graph, params, x)[0], rtol=1e-5, atol=1e-6)
+  replayed = search.replay(graph, rs, found.rewrites)
+  assert G.structural_hash(replayed) == G.structural_hash(found.best_graph)
+
+
+def test_search_keeps_xla_kernels_when_taps_measure_slower(tmp_path):
+  graph, params = _separable_stack()
+  found, _ = _search(graph, params, tmp_path, taps_ms=3.0)
+  assert not found.rewrites
+  assert all(attrs[KERNEL] == ConvKernel.XLA for attrs in _live_convs(found.best_graph))
+
+
+def test_taps_graph_exports_the_same_onnx_conv(tmp_path):
+  ort = pytest.importorskip("onnxruntime")
+  from xrlflow_jax import onnx_io  # pylint: disable=g-import-not-at-top
+  import onnx  # pylint: disable=g-import-not-at-top
+  graph, params = _separable_stack()
+  found, _ = _search(graph, params, tmp_path, taps_ms=0.1)
+  exported, original = (onnx_io.to_model(g, params) for g in (found.best_graph, graph))
+  onnx.checker.check_model(exported, full_check=True)
+  # Names of made-up tensors follow node slots; the Convs' attributes must be the same.
+  convs = lambda m: [sorted((a.name, onnx.helper.get_attribute_value(a)) for a in n.attribute)
+                     for n in m.graph.node if n.op_type == "Conv"]
+  assert convs(exported) == convs(original) and len(convs(exported)) == 4
+  x = np.random.default_rng(0).standard_normal((1, 8, 12, 12)).astype(np.float32)
+  sess = ort.InferenceSession(exported.SerializeToString(), providers=["CPUExecutionProvider"])
+  (got,) = sess.run(None, {sess.get_inputs()[0].name: x})
+  np.testing.assert_allclose(got, executor.run(graph, params, x)[0], rtol=1e-4, atol=1e-5)
