@@ -11,7 +11,7 @@ from xrlflow_jax import cost, executor, ops, search
 from xrlflow_jax import graph as G
 from xrlflow_jax.cost import kernel_table
 from xrlflow_jax.errors import ShapeError
-from xrlflow_jax.ops import ConvKernel, Layout, Op
+from xrlflow_jax.ops import Impl, Layout, Op
 from xrlflow_jax.rules import RuleSet
 from xrlflow_jax.rules.library import builtin_rules, layout as layout_rules
 
@@ -32,21 +32,22 @@ def _nhwc_twin(b: G.GraphBuilder, op: Op, x_nchw: G.Tensor, weights: list[G.Tens
   return ref, b.transpose(nhwc, TO_NCHW)
 
 
-@pytest.mark.parametrize("groups, bias, strides, dilations, pads, act, kernel", [
-    (1, True, (1, 1), (1, 1), (1, 1, 1, 1), 0, ConvKernel.XLA),
-    (2, False, (2, 1), (1, 2), (0, 1, 2, 0), 1, ConvKernel.XLA),
-    (4, True, (1, 2), (2, 1), (2, 2, 2, 2), 2, ConvKernel.XLA),
-    (2, True, (2, 1), (1, 2), (0, 1, 2, 0), 1, ConvKernel.TAPS),
-    (4, False, (1, 2), (2, 1), (2, 2, 2, 2), 2, ConvKernel.TAPS),
+@pytest.mark.parametrize("groups, bias, strides, dilations, pads, act, impl", [
+    (1, True, (1, 1), (1, 1), (1, 1, 1, 1), 0, Impl.XLA),
+    (2, False, (2, 1), (1, 2), (0, 1, 2, 0), 1, Impl.XLA),
+    (4, True, (1, 2), (2, 1), (2, 2, 2, 2), 2, Impl.XLA),
+    (2, True, (2, 1), (1, 2), (0, 1, 2, 0), 1, Impl.TAPS),
+    (4, False, (1, 2), (2, 1), (2, 2, 2, 2), 2, Impl.TAPS),
 ])
-def test_nhwc_ops_compute_the_nchw_result(groups, bias, strides, dilations, pads, act, kernel):
+def test_nhwc_ops_compute_the_nchw_result(groups, bias, strides, dilations, pads, act, impl):
   b = G.GraphBuilder(seed=0)
   x = b.input((2, 8, 9, 7))
   w = [b.weight((12, 8 // groups, 3, 2))] + ([b.weight((12,), init="bias")] if bias else [])
   y, y2 = _nhwc_twin(b, Op.CONV2D, x, w, strides=strides, dilations=dilations, pads=pads,
-                     groups=groups, activation=act, kernel=int(kernel))
+                     groups=groups, activation=act, impl=int(impl))
   outs = [y, y2]
-  pool = dict(kernel=(3, 2), strides=(2, 1), pads=(1, 0, 1, 1), dilations=dilations)
+  pool = dict(kernel=(3, 2), strides=(2, 1), pads=(1, 0, 1, 1), dilations=dilations,
+              impl=int(impl))
   outs += _nhwc_twin(b, Op.MAX_POOL, y, [], ceil_mode=True, **pool)
   outs += _nhwc_twin(b, Op.AVG_POOL, y, [], count_include_pad=bool(groups % 2), **pool)
   outs += _nhwc_twin(b, Op.GLOBAL_AVG_POOL, y, [])
@@ -75,7 +76,7 @@ def test_nhwc_ops_compute_the_nchw_result(groups, bias, strides, dilations, pads
 ])
 def test_taps_kernel_computes_the_xla_convolution(layout, groups, out_channels, kernel_hw,
                                                   strides, dilations, pads):
-  """`ConvKernel.TAPS` and `ConvKernel.XLA` lower one Conv2D (bias and activation included) to
+  """`Impl.TAPS` and `Impl.XLA` lower one Conv2D (bias and activation included) to
   the same function in either layout; an unknown kernel code is a shape error."""
   b = G.GraphBuilder(seed=0)
   x = b.input((2, 6, 9, 8))
@@ -85,15 +86,15 @@ def test_taps_kernel_computes_the_xla_convolution(layout, groups, out_channels, 
     x, w = b.transpose(x, TO_NHWC), b.transpose(w, OIHW_TO_HWIO)
   attrs = dict(strides=strides, dilations=dilations, pads=pads, groups=groups, activation=3,
                layout=int(layout))
-  ys = [b.node(Op.CONV2D, [x, w, bias], kernel=int(k), **attrs) for k in ConvKernel]
+  ys = [b.node(Op.CONV2D, [x, w, bias], impl=int(k), **attrs) for k in Impl]
   b.output(*ys)
   graph, params = b.build(capacity=32)
   xla, taps = executor.run(graph, params, np.random.default_rng(0).standard_normal((2, 6, 9, 8)))
   assert xla.shape == taps.shape
   np.testing.assert_allclose(taps, xla, rtol=1e-5, atol=1e-5)
   assert np.std(xla) > 0.05  # a non-trivial output
-  with pytest.raises(ShapeError, match="kernel must be XLA"):
-    b.node(Op.CONV2D, [x, w, bias], kernel=2, **attrs)
+  with pytest.raises(ShapeError, match="impl must be XLA"):
+    b.node(Op.CONV2D, [x, w, bias], impl=2, **attrs)
 
 
 def test_nhwc_shape_errors_name_the_layout():

@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 
 from xrlflow_jax import GraphBuilder, executor, ops
-from xrlflow_jax.ops import MAX_RANK, Activation, ConvKernel, DType
+from xrlflow_jax.ops import MAX_RANK, Activation, Impl, DType
 
 Reference = Callable[..., np.ndarray]
 
@@ -372,12 +372,12 @@ def _conv_cases() -> list[OpCase]:
     args = (Arg(xs), Arg(ws)) + ((Arg((ws[0],)),) if bias else ())
     cases.append(OpCase("Conv2D", name, args, dict(attrs),
                         lambda *v, a=dict(attrs): ref_conv2d(*v, **a), rtol=1e-4, atol=1e-4))
-    # The same convolution lowered tap by tap (`ConvKernel.TAPS`) against the same reference.
-    cases.append(OpCase("Conv2D", f"{name}_taps", args, dict(attrs, kernel=int(ConvKernel.TAPS)),
+    # The same convolution lowered tap by tap (`Impl.TAPS`) against the same reference.
+    cases.append(OpCase("Conv2D", f"{name}_taps", args, dict(attrs, impl=int(Impl.TAPS)),
                         lambda *v, a=dict(attrs): ref_conv2d(*v, **a), rtol=1e-4, atol=1e-4))
   cases.append(OpCase("Conv2D", "depthwise_multiplier2_taps", (Arg((1, 3, 6, 5)),
                       Arg((6, 1, 3, 3)), Arg((6,))),
-                      {"pads": (1, 1, 1, 1), "groups": 3, "kernel": int(ConvKernel.TAPS),
+                      {"pads": (1, 1, 1, 1), "groups": 3, "impl": int(Impl.TAPS),
                        "activation": int(Activation.RELU)},
                       lambda *v: ref_conv2d(*v, pads=(1, 1, 1, 1), groups=3, activation=1),
                       rtol=1e-4, atol=1e-4))
@@ -437,7 +437,9 @@ def _pool_cases(op: str) -> list[OpCase]:
     cases.append(OpCase(op, "int32", (Arg((1, 2, 5, 6), "int", "int32"),),
                         attrs, lambda x, a=attrs: ref_pool(x, "max", count_include_pad=False, **a),
                         float64=False))
-  return cases
+  # Every case again lowered tap by tap (`Impl.TAPS`), against the same reference.
+  return cases + [dataclasses.replace(c, name=f"{c.name}_taps",
+                                      attrs=dict(c.attrs, impl=int(Impl.TAPS))) for c in cases]
 
 
 def _layer_norm_cases() -> list[OpCase]:

@@ -1,7 +1,7 @@
 """Operators: codes, attributes, shape rules (host and jit), JAX lowerings and FLOP counts.
 
 Public entry points:
-  Op, DType, Activation, Layout, ConvKernel  enums
+  Op, DType, Activation, Layout, Impl  enums
   get(op) -> OpSpec, all_specs()          the registry
   infer_shape(op, in_shapes, ...)         host-side shape rule with named errors
   infer_shape_jit(op, in_shapes, ...)     the same rule for a traced op code (lax.switch)
@@ -23,13 +23,13 @@ from xrlflow_jax.ops import nn as _nn  # noqa: F401
 from xrlflow_jax.ops import tensor as _tensor  # noqa: F401
 from xrlflow_jax.ops.codes import SOURCE_OPS, Op
 from xrlflow_jax.ops.nn import apply_activation
-from xrlflow_jax.ops.spec import (ATTR_WIDTH, MAX_RANK, Activation, AttrField, ConvKernel, DType,
+from xrlflow_jax.ops.spec import (ATTR_WIDTH, MAX_RANK, Activation, AttrField, Impl, DType,
                                   Layout, OpSpec, all_specs, bits_to_float, dtype_code, dtype_size,
                                   fixed_dtype, float_to_bits, fmt_shape, get, numpy_dtype,
                                   pad_shape, unpad_shape)
 
 __all__ = [
-    "ATTR_WIDTH", "MAX_RANK", "Activation", "AttrField", "ConvKernel", "DType", "Layout", "Op",
+    "ATTR_WIDTH", "MAX_RANK", "Activation", "AttrField", "Impl", "DType", "Layout", "Op",
     "OpSpec",
     "SOURCE_OPS",
     "all_specs", "apply_activation", "bits_to_float", "dtype_code", "dtype_size", "fixed_dtype",

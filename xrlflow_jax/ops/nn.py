@@ -8,12 +8,13 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from xrlflow_jax.ops import precision, spec
 from xrlflow_jax.ops.codes import Op
 from xrlflow_jax.ops.spec import MAX_RANK as R
-from xrlflow_jax.ops.spec import Activation, AttrField, ConvKernel, Layout, OpSpec
+from xrlflow_jax.ops.spec import Activation, AttrField, Impl, Layout, OpSpec
 
 
 def apply_activation(x: jax.Array, activation: int) -> jax.Array:
@@ -45,16 +46,20 @@ def _layout_check(xp, layout) -> spec.Check:
           "layout must be NCHW or NHWC")
 
 
+def _impl_check(xp, impl) -> spec.Check:
+  return xp.asarray((impl == Impl.XLA) | (impl == Impl.TAPS)), "impl must be XLA (0) or TAPS (1)"
+
+
 # ------------------------------------------------------------------ Conv2D
 # x [N, C, H, W], w [O, C/groups, kh, kw], optional bias [O] -> [N, O, Ho, Wo]; with layout
-# NHWC: x [N, H, W, C], w [kh, kw, C/groups, O] -> [N, Ho, Wo, O]. `kernel` (`ConvKernel`)
-# chooses how it is lowered, not what it computes.
+# NHWC: x [N, H, W, C], w [kh, kw, C/groups, O] -> [N, Ho, Wo, O]. `impl` (`Impl`) chooses
+# how it is lowered, not what it computes.
 
 _CONV_ATTRS = (AttrField("strides", 2, default=(1, 1)), AttrField("pads", 4, default=(0, 0, 0, 0)),
                AttrField("dilations", 2, default=(1, 1)), AttrField("groups", default=1), _ACT,
-               _LAYOUT, AttrField("kernel", default=int(ConvKernel.XLA)))
+               _LAYOUT, AttrField("impl", default=int(Impl.XLA)))
 _CONV_LAYOUT = _offset(_CONV_ATTRS, "layout")
-_CONV_KERNEL = _offset(_CONV_ATTRS, "kernel")
+_CONV_IMPL = _offset(_CONV_ATTRS, "impl")
 
 
 def _conv_out(xp, size, pad, kernel, stride, dilation):
@@ -99,14 +104,13 @@ def _conv_rule(xp, in_shapes, in_ranks, attrs, n_inputs):
       (xp.asarray(o % g == 0), "output channels must be divisible by groups"),
       (xp.asarray((ho >= 1) & (wo >= 1)), "kernel larger than the padded input"),
       _layout_check(xp, attrs[_CONV_LAYOUT]),
-      (xp.asarray((attrs[_CONV_KERNEL] == ConvKernel.XLA)
-                  | (attrs[_CONV_KERNEL] == ConvKernel.TAPS)), "kernel must be XLA (0) or TAPS (1)"),
+      _impl_check(xp, attrs[_CONV_IMPL]),
   ]
   return out, xp.asarray(4, xp.int32), checks
 
 
 def _conv_taps(x: jax.Array, w: jax.Array, a: dict[str, Any], nhwc: bool) -> jax.Array:
-  """Conv2D as a sum over kernel taps (`ConvKernel.TAPS`), in x's layout and without bias.
+  """Conv2D as a sum over kernel taps (`Impl.TAPS`), in x's layout and without bias.
 
   x: [N, C, H, W] (NHWC: [N, H, W, C]); w: [O, C/G, kh, kw] (NHWC: [kh, kw, C/G, O]).
   Tap (i, j) reads the strided window of the padded input that meets weight w[..., i, j] and
@@ -164,7 +168,7 @@ def _conv_lower(inputs, a, out_shape, out_dtype):
   pt, pl, pb, pr = a["pads"]
   nhwc = a["layout"] == Layout.NHWC
   numbers = ("NHWC", "HWIO", "NHWC") if nhwc else ("NCHW", "OIHW", "NCHW")
-  if a["kernel"] == ConvKernel.TAPS:
+  if a["impl"] == Impl.TAPS:
     y = _conv_taps(x, w.astype(x.dtype), a, nhwc).astype(x.dtype)
   else:
     y = lax.conv_general_dilated(
@@ -301,8 +305,10 @@ _POOL_ATTRS = (AttrField("kernel", 2, default=(1, 1)), AttrField("strides", 2, d
                AttrField("pads", 4, default=(0, 0, 0, 0)),
                AttrField("ceil_mode", kind="bool", default=False),
                AttrField("count_include_pad", kind="bool", default=False),
-               AttrField("dilations", 2, default=(1, 1)), _LAYOUT)
+               AttrField("dilations", 2, default=(1, 1)), _LAYOUT,
+               AttrField("impl", default=int(Impl.XLA)))
 _POOL_LAYOUT = _offset(_POOL_ATTRS, "layout")
+_POOL_IMPL = _offset(_POOL_ATTRS, "impl")
 
 
 def _pool_out(xp, size, pad_begin, pad_end, kernel, stride, ceil_mode):
@@ -333,6 +339,7 @@ def _pool_rule(xp, in_shapes, in_ranks, attrs, n_inputs):
        "pads must be in [0, dilated kernel)"),
       (xp.asarray((ho >= 1) & (wo >= 1)), "kernel larger than the padded input"),
       _layout_check(xp, attrs[_POOL_LAYOUT]),
+      _impl_check(xp, attrs[_POOL_IMPL]),
   ]
   return out, in_ranks[0], checks
 
@@ -368,11 +375,31 @@ def _window(a, spatial: tuple[Any, Any], other: Any) -> tuple[Any, ...]:
   return tuple(out)
 
 
+def _pool_taps(x: jax.Array, a: dict[str, Any], out_shape: tuple[int, ...], padding,
+               init: Any, combine) -> jax.Array:
+  """A pool as one strided slice of the padded input per window position (`Impl.TAPS`),
+  folded with `combine` (max or add): x [N, C, H, W] (NHWC: [N, H, W, C]) -> out_shape;
+  `padding` is the (begin, end) pair per axis that `lax.reduce_window` would take."""
+  xp = lax.pad(x, jnp.asarray(init, x.dtype), [(b, e, 0) for b, e in padding])
+  (dh, dw), axes = _dilations(a), _spatial_axes(a)
+  total = None
+  for i in range(a["kernel"][0]):
+    for j in range(a["kernel"][1]):
+      start, limit, step = [0] * 4, list(xp.shape), [1] * 4
+      for axis, k, d, s in ((axes[0], i, dh, a["strides"][0]), (axes[1], j, dw, a["strides"][1])):
+        start[axis], limit[axis], step[axis] = k * d, k * d + s * (out_shape[axis] - 1) + 1, s
+      tap = lax.slice(xp, start, limit, step)
+      total = tap if total is None else combine(total, tap)
+  return total
+
+
 def _max_pool_lower(inputs, a, out_shape, out_dtype):
   x = inputs[0]
   pads, extras = _pool_padding(x.shape, a, out_shape)
   padding = _window(a, tuple((b, e + x_) for (b, e), x_ in zip(pads, extras)), (0, 0))
   init = -jnp.inf if jnp.issubdtype(x.dtype, jnp.floating) else jnp.iinfo(x.dtype).min
+  if a["impl"] == Impl.TAPS:
+    return _pool_taps(x, a, out_shape, padding, init, jnp.maximum)
   return lax.reduce_window(x, jnp.asarray(init, x.dtype), lax.max, _window(a, a["kernel"], 1),
                            _window(a, a["strides"], 1), padding,
                            window_dilation=_window(a, _dilations(a), 1))
@@ -384,16 +411,34 @@ def _avg_pool_lower(inputs, a, out_shape, out_dtype):
   window, strides = _window(a, a["kernel"], 1), _window(a, a["strides"], 1)
   padding = _window(a, tuple((b, e + x_) for (b, e), x_ in zip(pads, extras)), (0, 0))
   dil = _window(a, _dilations(a), 1)
-  total = lax.reduce_window(x, jnp.asarray(0, x.dtype), lax.add, window, strides, padding,
-                            window_dilation=dil)
+  taps = a["impl"] == Impl.TAPS
+  if taps:
+    total = _pool_taps(x, a, out_shape, padding, 0, jnp.add)
+  else:
+    total = lax.reduce_window(x, jnp.asarray(0, x.dtype), lax.add, window, strides, padding,
+                              window_dilation=dil)
   # Divisor: the window's cells inside the input, plus the explicit pads if count_include_pad;
-  # the extra cells that ceil mode adds never count.
-  ones = jnp.ones(_window(a, tuple(x.shape[i] for i in _spatial_axes(a)), 1), x.dtype)
+  # the extra cells that ceil mode adds never count. It depends on shapes only: with taps it
+  # is computed here, in numpy, and enters the graph as a constant.
+  xnp = np if taps else jnp
+  ones = xnp.ones(_window(a, tuple(x.shape[i] for i in _spatial_axes(a)), 1), x.dtype)
   if a["count_include_pad"]:
-    ones = jnp.pad(ones, _window(a, tuple(pads), (0, 0)), constant_values=1)
+    ones = xnp.pad(ones, _window(a, tuple(pads), (0, 0)), constant_values=1)
     count_pad = _window(a, tuple((0, x_) for x_ in extras), (0, 0))
   else:
     count_pad = padding
+  if taps:
+    ones = np.pad(ones, count_pad)
+    count = np.zeros(_window(a, tuple(out_shape[i] for i in _spatial_axes(a)), 1), x.dtype)
+    (dh, dw), (ah, aw) = _dilations(a), _spatial_axes(a)
+    (sh, sw), (ho, wo) = a["strides"], (out_shape[ah], out_shape[aw])
+    for i in range(a["kernel"][0]):
+      for j in range(a["kernel"][1]):
+        index = [slice(None)] * 4
+        index[ah] = slice(i * dh, i * dh + sh * (ho - 1) + 1, sh)
+        index[aw] = slice(j * dw, j * dw + sw * (wo - 1) + 1, sw)
+        count += ones[tuple(index)]
+    return total / jnp.asarray(count)
   count = lax.reduce_window(ones, jnp.asarray(0, x.dtype), lax.add, window, strides, count_pad,
                             window_dilation=dil)
   return total / count

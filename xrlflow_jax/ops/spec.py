@@ -94,16 +94,19 @@ class Layout(enum.IntEnum):
   NHWC = 1
 
 
-class ConvKernel(enum.IntEnum):
-  """How a Conv2D is lowered to XLA (the same function either way; a choice of kernel).
+class Impl(enum.IntEnum):
+  """How a Conv2D or a max/average pool is lowered to XLA: a choice of kernel, not of function.
 
-  XLA: one `lax.conv_general_dilated` (what an ONNX Conv becomes; every imported graph's).
-  TAPS: one strided slice of the padded input per kernel tap, scaled by that tap's weights
-  and summed: a per-channel multiply-add when each group has one input channel (depthwise),
-  a per-group dot otherwise. XLA:CPU's grouped-convolution emitter is slow (a 3x3 depthwise
-  convolution of 128 x 56 x 56 ran 50x faster as taps on the 2-core CPU), so the rule
-  `conv_taps` offers this choice to the search and the measured kernel table decides. ONNX
-  has no such choice: an exported Conv is the same Conv whichever kernel was chosen.
+  XLA: one `lax.conv_general_dilated` or `lax.reduce_window` (what an ONNX Conv or pool
+  becomes; every imported graph's).
+  TAPS: one strided slice of the padded input per kernel tap (window position), combined
+  elementwise: for a Conv2D scaled by that tap's weights and summed (a per-channel
+  multiply-add when each group has one input channel, a per-group dot otherwise), for a pool
+  maxed or summed (then divided by the window's count). XLA fuses the taps into one loop.
+  XLA:CPU's grouped-convolution and reduce-window emitters are slow (a 3x3 depthwise
+  convolution of 128 x 56 x 56 ran 50x faster as taps, a 3x3 stride-1 pool 3x, on the 2-core
+  CPU), so the `impl` rules offer the choice to the search and the measured kernel table
+  decides. ONNX has no such choice: the exported Conv or pool is the same whichever was chosen.
   """
   XLA = 0
   TAPS = 1
