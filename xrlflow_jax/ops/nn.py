@@ -109,10 +109,12 @@ def _conv_rule(xp, in_shapes, in_ranks, attrs, n_inputs):
   return out, xp.asarray(4, xp.int32), checks
 
 
-def _conv_taps(x: jax.Array, w: jax.Array, a: dict[str, Any], nhwc: bool) -> jax.Array:
+def _conv_taps(x: jax.Array, w: jax.Array, a: dict[str, Any], nhwc: bool,
+               out_shape: tuple[int, ...]) -> jax.Array:
   """Conv2D as a sum over kernel taps (`Impl.TAPS`), in x's layout and without bias.
 
-  x: [N, C, H, W] (NHWC: [N, H, W, C]); w: [O, C/G, kh, kw] (NHWC: [kh, kw, C/G, O]).
+  x: [N, C, H, W] (NHWC: [N, H, W, C]); w: [O, C/G, kh, kw] (NHWC: [kh, kw, C/G, O]);
+  out_shape: the node's [N, O, Ho, Wo] (NHWC: [N, Ho, Wo, O]).
   Tap (i, j) reads the strided window of the padded input that meets weight w[..., i, j] and
   contributes window [N, G, C/G, Ho, Wo] x w_tap [G, O/G, C/G] -> [N, G, O/G, Ho, Wo] (a
   broadcast multiply when C/G is 1, else a dot per group). 16-bit floats accumulate in float32.
@@ -121,13 +123,11 @@ def _conv_taps(x: jax.Array, w: jax.Array, a: dict[str, Any], nhwc: bool) -> jax
   pt, pl, pb, pr = a["pads"]
   if nhwc:
     kh, kw, cg, o = w.shape
-    n, h, wd, _ = x.shape
+    n, ho, wo, _ = out_shape
   else:
     o, cg, kh, kw = w.shape
-    n, _, h, wd = x.shape
+    n, _, ho, wo = out_shape
   og = o // g
-  ho = (h + pt + pb - dh * (kh - 1) - 1) // sh + 1
-  wo = (wd + pl + pr - dw * (kw - 1) - 1) // sw + 1
   acc_dtype = jnp.float32 if jnp.dtype(x.dtype).itemsize < 4 else x.dtype
   x = x.astype(acc_dtype)
   w = w.astype(acc_dtype)
@@ -169,7 +169,7 @@ def _conv_lower(inputs, a, out_shape, out_dtype):
   nhwc = a["layout"] == Layout.NHWC
   numbers = ("NHWC", "HWIO", "NHWC") if nhwc else ("NCHW", "OIHW", "NCHW")
   if a["impl"] == Impl.TAPS:
-    y = _conv_taps(x, w.astype(x.dtype), a, nhwc).astype(x.dtype)
+    y = _conv_taps(x, w.astype(x.dtype), a, nhwc, tuple(out_shape)).astype(x.dtype)
   else:
     y = lax.conv_general_dilated(
         x, w.astype(x.dtype), window_strides=a["strides"], padding=((pt, pb), (pl, pr)),
