@@ -15,6 +15,7 @@ from xrlflow_jax.rules import RuleSet
 from xrlflow_jax.rules.library import builtin_rules, impl as impl_rules
 
 from tests.test_kernel_table import _TableProfiler
+from tests.test_layout import assert_found_is_sound
 
 CONV = ops.get(Op.CONV2D).attr_offsets()
 GROUPS, IMPL = CONV["groups"][0], CONV["impl"][0]
@@ -62,11 +63,7 @@ def test_search_lowers_every_grouped_convolution_tap_by_tap(tmp_path):
   for attrs in convs:  # grouped: taps; the pointwise (ungrouped) one stays with XLA
     assert attrs[IMPL] == (Impl.TAPS if attrs[GROUPS] > 1 else Impl.XLA), attrs
   assert sorted(s.rule for s in found.rewrites) == ["conv_bias_taps", "conv_taps", "conv_taps"]
-  x = np.random.default_rng(0).standard_normal((1, 8, 12, 12)).astype(np.float32)
-  np.testing.assert_allclose(executor.run(found.best_graph, params, x)[0],
-                             executor.run(graph, params, x)[0], rtol=1e-5, atol=1e-6)
-  replayed = search.replay(graph, rs, found.rewrites)
-  assert G.structural_hash(replayed) == G.structural_hash(found.best_graph)
+  assert_found_is_sound(graph, params, found, rs, (1, 8, 12, 12), rtol=1e-5, atol=1e-6)
 
 
 def test_search_keeps_xla_kernels_when_taps_measure_slower(tmp_path):

@@ -186,9 +186,16 @@ def test_search_carries_a_conv_stack_to_nhwc(tmp_path):
   assert int(np.sum(live & (nd["op"] == Op.TRANSPOSE))) <= 4, [s.rule for s in found.rewrites]
   assert any(s.rule == "transpose_cancel" for s in found.rewrites)
   assert found.modelled_speedup > 1.5
-  x = np.random.default_rng(0).standard_normal((1, 3, 16, 16)).astype(np.float32)
+  assert_found_is_sound(graph, params, found, rs, (1, 3, 16, 16), rtol=1e-4, atol=1e-5)
+
+
+def assert_found_is_sound(graph, params, found, rs, input_shape: tuple[int, ...], *,
+                          rtol: float, atol: float) -> None:
+  """The search's best graph computes the original's output (on one random input of the
+  graph's single input) and its rewrites replay to it."""
+  x = np.random.default_rng(0).standard_normal(input_shape).astype(np.float32)
   np.testing.assert_allclose(executor.run(found.best_graph, params, x)[0],
-                             executor.run(graph, params, x)[0], rtol=1e-4, atol=1e-5)
+                             executor.run(graph, params, x)[0], rtol=rtol, atol=atol)
   replayed = search.replay(graph, rs, found.rewrites)
   assert G.structural_hash(replayed) == G.structural_hash(found.best_graph)
 
