@@ -8,7 +8,6 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax import lax
 
 from xrlflow_jax.ops import precision, spec
@@ -418,29 +417,19 @@ def _avg_pool_lower(inputs, a, out_shape, out_dtype):
     total = lax.reduce_window(x, jnp.asarray(0, x.dtype), lax.add, window, strides, padding,
                               window_dilation=dil)
   # Divisor: the window's cells inside the input, plus the explicit pads if count_include_pad;
-  # the extra cells that ceil mode adds never count. It depends on shapes only: with taps it
-  # is computed here, in numpy, and enters the graph as a constant.
-  xnp = np if taps else jnp
-  ones = xnp.ones(_window(a, tuple(x.shape[i] for i in _spatial_axes(a)), 1), x.dtype)
+  # the extra cells that ceil mode adds never count. A constant expression (XLA folds it),
+  # summed by the same kernel as the total.
+  ones = jnp.ones(_window(a, tuple(x.shape[i] for i in _spatial_axes(a)), 1), x.dtype)
   if a["count_include_pad"]:
-    ones = xnp.pad(ones, _window(a, tuple(pads), (0, 0)), constant_values=1)
+    ones = jnp.pad(ones, _window(a, tuple(pads), (0, 0)), constant_values=1)
     count_pad = _window(a, tuple((0, x_) for x_ in extras), (0, 0))
   else:
     count_pad = padding
   if taps:
-    ones = np.pad(ones, count_pad)
-    count = np.zeros(_window(a, tuple(out_shape[i] for i in _spatial_axes(a)), 1), x.dtype)
-    (dh, dw), (ah, aw) = _dilations(a), _spatial_axes(a)
-    (sh, sw), (ho, wo) = a["strides"], (out_shape[ah], out_shape[aw])
-    for i in range(a["kernel"][0]):
-      for j in range(a["kernel"][1]):
-        index = [slice(None)] * 4
-        index[ah] = slice(i * dh, i * dh + sh * (ho - 1) + 1, sh)
-        index[aw] = slice(j * dw, j * dw + sw * (wo - 1) + 1, sw)
-        count += ones[tuple(index)]
-    return total / jnp.asarray(count)
-  count = lax.reduce_window(ones, jnp.asarray(0, x.dtype), lax.add, window, strides, count_pad,
-                            window_dilation=dil)
+    count = _pool_taps(ones, a, out_shape, count_pad, 0, jnp.add)
+  else:
+    count = lax.reduce_window(ones, jnp.asarray(0, x.dtype), lax.add, window, strides,
+                              count_pad, window_dilation=dil)
   return total / count
 
 

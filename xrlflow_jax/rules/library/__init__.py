@@ -1,5 +1,5 @@
-"""The built-in rule library, by family (merge, fusion, algebra, movement, layout, kernel
-choice, dedupe)."""
+"""The built-in rule library, by family (merge, fusion, algebra, movement, layout,
+implementation choice, dedupe)."""
 
 from __future__ import annotations
 

@@ -22,11 +22,10 @@ from __future__ import annotations
 from typing import Callable
 
 from xrlflow_jax.ops import Impl, Layout, Op
+from xrlflow_jax.rules.library.layout import OIHW_TO_HWIO, TO_NHWC
 from xrlflow_jax.rules.pattern import Rule, RuleBuilder
 
 FAMILY = "impl"
-HWIO = (2, 3, 1, 0)  # OIHW -> HWIO
-TO_NHWC = (0, 2, 3, 1)
 POOLS = (Op.MAX_POOL, Op.AVG_POOL)
 
 
@@ -50,7 +49,7 @@ def _grouped_conv_example(bias: bool, impl: Impl) -> Callable:
     attrs = dict(strides=(stride, stride), pads=(k // 2,) * 4, groups=groups,
                  activation=int(rng.choice([0, 1])), impl=int(impl))
     if rng.random() < 1 / 3:
-      return [b.node(Op.CONV2D, [b.transpose(x, TO_NHWC), b.transpose(wt, HWIO)] + extra,
+      return [b.node(Op.CONV2D, [b.transpose(x, TO_NHWC), b.transpose(wt, OIHW_TO_HWIO)] + extra,
                      layout=int(Layout.NHWC), **attrs)]
     return [b.node(Op.CONV2D, [x, wt] + extra, **attrs)]
   return ex
