@@ -256,6 +256,11 @@ _CASES = {
          _N("Tile", ["x", "reps"], ["c"]), _N("Expand", ["col", "shp"], ["d"])],
         _X + [("col", _F, (3, 1, 1))], {"gi": _i(2, -3), "reps": _i(1, 2, 1, 3),
                                          "shp": _i(2, 1, 8, 8)}, 18),
+    # One constant index: imported as Slice (+ Squeeze for a scalar), see the next test.
+    "gather_one_index": (
+        [_N("Gather", ["x", "g0"], ["a"], axis=1), _N("Gather", ["x", "g1"], ["b"], axis=3),
+         _N("Gather", ["x", "g2"], ["c"], axis=0)],
+        _X, {"g0": np.asarray(-1, np.int64), "g1": _i(5), "g2": np.asarray(1, np.int32)}, 18),
     "arith_broadcast_pow_int_exponent": (
         [_N("Add", ["x", "r"], ["a"]), _N("Sub", ["a", "x"], ["b"]), _N("Mul", ["b", "r"], ["c"]),
          _N("Div", ["c", "r2"], ["d"]), _N("Pow", ["d", "e"], ["f"]),
@@ -432,6 +437,21 @@ def test_op_matches_onnxruntime(case: str):
     model.graph.input[0].name = "p0"
     model.graph.initializer.append(numpy_helper.from_array(np.float32(1.0), "one"))
   _run_both(model)
+
+
+def test_gather_of_one_constant_index_is_imported_as_a_slice():
+  """So the narrowing rules can move it up (a class token read by a classifier head)."""
+  nodes, inputs, inits, opset = _CASES["gather_one_index"]
+  model = _model(nodes, inputs, ["a", "b", "c"], inits, opset)
+  graph, _ = onnx_io.load(model)
+  hist = G.op_histogram(graph)
+  assert "Gather" not in hist and hist["Slice"] == 3 and hist["Squeeze"] == 2, hist
+  text = G.dump(graph)
+  assert "Slice(%0) {axis=1, start=2, end=3}" in text, text  # -1 wrapped to 2
+  # A run-time index stays a Gather.
+  model = _model([_N("Gather", ["x", "i"], ["a"], axis=1)],
+                 _X + [("i", TensorProto.INT64, ())], ["a"], {}, 18)
+  assert G.op_histogram(onnx_io.load(model)[0])["Gather"] == 1
 
 
 @pytest.mark.parametrize("opset", range(13, 22))

@@ -43,7 +43,7 @@ def test_library_size_and_inverses():
   for fam in ("merge_matmul", "merge_conv", "enlarge_conv", "group_conv", "conv_bias",
               "conv_activation", "matmul_activation", "batch_norm", "matmul_algebra",
               "elementwise_algebra", "concat_movement", "slice_movement", "concat_slice",
-              "transpose", "reshape"):
+              "transpose", "reshape", "narrowing"):
     assert fam in families, fam
 
 
@@ -210,6 +210,25 @@ def zoo_costs():
   return full, pruned, incr
 
 
+@pytest.fixture(scope="module")
+def const_spreads():
+  """Whether a child's constant sub-tree hash change spreads beyond the slots its rewrite
+  touched (`incremental._const_total` not exact): the one documented case where the
+  incremental cost is not exact without a cap overflowing (see
+  `test_incremental_cost_is_not_exact_where_a_hash_change_spreads`)."""
+  coeffs = cost.load_coefficients()
+  def spreads(parent, child):
+    n = parent.nodes["op"].shape[0]
+    tp, tc = G.input_table(parent), G.input_table(child)
+    p, c = parent.nodes, child.nodes
+    dirty = (p["alive"] != c["alive"]) | (p["is_constant"] != c["is_constant"]) | jnp.any(
+        tp != tc, axis=-1)
+    (d,) = jnp.nonzero(dirty, size=incremental.MAX_CHANGED, fill_value=n)
+    base = incremental.cost_base(parent, coeffs)
+    return ~incremental._const_total(base, parent, child, d, tp, tc)[1]  # pylint: disable=protected-access
+  return jax.jit(spreads)
+
+
 def test_ruleset_vmap_matches_per_graph_and_traces_once():
   # A representative subset keeps the compile short; the zoo tests below use every rule.
   subset = RuleSet([BY_NAME[n] for n in (
@@ -360,17 +379,19 @@ _SLOW_WALKS = ("inception_v3",)
 @pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in _SLOW_WALKS
                                   else n for n in models.list_models()])
 def test_random_rewrite_sequence_keeps_outputs(name, zoo_ruleset, zoo_match, zoo_apply,
-                                               zoo_costs):
+                                               zoo_costs, const_spreads):
   """Fifty random valid rewrites of every zoo model: outputs unchanged, and after every rewrite
   the cost model's pruned and incremental forms (what the search pays per candidate) equal the
-  full one, the incremental one exactly (no fallback to the full model needed)."""
+  full one, the incremental one exactly (no fallback to the full model needed) except where a
+  folded constant's hash change spreads to an untouched folded reader (re-pointing a merged
+  weight's Concat: then the search costs the child in full), at most twice a walk."""
   full_cost, pruned_cost, incremental_cost = zoo_costs
   graph, params = models.build(name, "tiny", capacity=256)
   lowered = executor.lower(graph, params)
   inputs = lowered.random_inputs(0)
   ref = [np.asarray(y) for y in lowered(*inputs)]
   rng = np.random.default_rng(0)
-  applied = 0
+  applied = spread = 0
   steps = 50
   for step in range(steps):
     m = zoo_match(graph)
@@ -384,14 +405,18 @@ def test_random_rewrite_sequence_keeps_outputs(name, zoo_ruleset, zoo_match, zoo
     full = float(full_cost(graph))
     assert float(pruned_cost(graph)) == pytest.approx(full, rel=1e-6), step
     incr, exact = incremental_cost(parent, graph)
-    assert bool(exact) and float(incr) == pytest.approx(full, rel=1e-6), step
+    if bool(exact):
+      assert float(incr) == pytest.approx(full, rel=1e-6), step
+    else:
+      assert bool(const_spreads(parent, graph)), step  # no cap overflowed
+      spread += 1
     if step % 10 == 9 or step == steps - 1:
       G.validate(graph, params)
   G.validate(graph, params)
   out = [np.asarray(y) for y in executor.lower(graph, params)(*inputs)]
   for a, b in zip(ref, out):
     np.testing.assert_allclose(b, a, rtol=2e-4, atol=2e-4)
-  assert applied > 0
+  assert applied > 0 and spread <= 2
 
 
 @pytest.mark.parametrize("name", ["nasrnn"] + [pytest.param(n, marks=pytest.mark.slow)

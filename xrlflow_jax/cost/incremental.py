@@ -32,9 +32,9 @@ parent). Every part of the cost model changes only around them:
 
 `exact` is False when a part's fixed-size lists overflow (more dirty slots, readers, rows or
 sibling candidates than their caps) or a hash change spreads; the caller must then cost that
-child with `model.graph_cost` (the search does; `tests/test_rules.py` checks it never happens
-on the zoo's random rewrite walks nor on any one-step candidate of tiny NasRNN, BERT and
-ResNeXt-50). Otherwise the cost equals `graph_cost(child, pruned=True)` up to float32 summation
+child with `model.graph_cost` (the search does; `tests/test_rules.py` checks that on the zoo's
+random rewrite walks no cap overflows and a hash spreads at most twice a walk, and that no
+one-step candidate of tiny NasRNN, BERT and ResNeXt-50 falls back). Otherwise the cost equals `graph_cost(child, pruned=True)` up to float32 summation
 order (the property tests check rel 1e-6) and under the full model's own assumption that
 distinct constants have distinct 31-bit hashes.
 """

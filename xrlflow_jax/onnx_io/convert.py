@@ -1636,7 +1636,14 @@ def _gather(ctx: Ctx) -> list[Operand | None]:
   axis = ctx.axis(ctx.int_attr("axis", 0), len(ds))
   if not np.issubdtype(ctx.dtype(idx), np.integer):
     raise ctx.error(f"indices must be integers, got {ctx.dtype(idx).name}")
-  return [ctx.op(Op.GATHER, [data, _wrapped_indices(ctx, idx, ds, axis)], axis=axis)]
+  idx = _wrapped_indices(ctx, idx, ds, axis)
+  if isinstance(idx, Const) and idx.value.size == 1 and idx.value.ndim <= 1:
+    # One constant index is a slice (and, for a scalar index, a squeeze): slices move through
+    # row-wise ops (rules family "narrowing"), so the rows nobody reads are never computed.
+    i = int(idx.value.reshape(()))
+    picked = ctx.slice(data, axis, i, i + 1)
+    return [ctx.squeeze(picked, [axis]) if idx.value.ndim == 0 else picked]
+  return [ctx.op(Op.GATHER, [data, idx], axis=axis)]
 
 
 def _wrapped_indices(ctx: Ctx, idx: Operand, ds: Sequence[int], axis: int) -> Operand:

@@ -1,9 +1,10 @@
 """The built-in rule library, by family (merge, fusion, algebra, movement, layout,
-implementation choice, dedupe)."""
+implementation choice, dedupe, narrowing)."""
 
 from __future__ import annotations
 
-from xrlflow_jax.rules.library import algebra, dedupe, fusion, impl, layout, merge, movement
+from xrlflow_jax.rules.library import (algebra, dedupe, fusion, impl, layout, merge, movement,
+                                       narrowing)
 from xrlflow_jax.rules.pattern import Rule
 
 
@@ -16,7 +17,7 @@ def builtin_rules(families: list[str] | None = None) -> list[Rule]:
   """Every built-in rule outside `OPT_IN_FAMILIES` (or the rules of the given families, opt-in
   ones included), in a stable order."""
   rules = (merge.rules() + fusion.rules() + algebra.rules() + movement.rules()
-           + layout.rules() + impl.rules() + dedupe.rules())
+           + layout.rules() + impl.rules() + dedupe.rules() + narrowing.rules())
   if families is None:
     return [r for r in rules if r.family not in OPT_IN_FAMILIES]
   unknown = set(families) - {r.family for r in rules}
@@ -27,4 +28,4 @@ def builtin_rules(families: list[str] | None = None) -> list[Rule]:
 
 
 __all__ = ["OPT_IN_FAMILIES", "algebra", "builtin_rules", "dedupe", "fusion", "impl", "layout",
-           "merge", "movement"]
+           "merge", "movement", "narrowing"]

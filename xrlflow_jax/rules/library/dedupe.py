@@ -28,10 +28,12 @@ from xrlflow_jax.rules.pattern import Rule, RuleBuilder
 DEDUPED = ((Op.CONCAT, 2), (Op.CONCAT, 3), (Op.CONCAT, 4), (Op.TRANSPOSE, 1))
 
 
-def dedupe(op: Op, arity: int) -> Rule:
-  """a = op(x1..xk), b = op(x1..xk) with equal attributes -> b's consumers read a."""
+def dedupe(op: Op, arity: int, family: str = "dedupe") -> Rule:
+  """a = op(x1..xk), b = op(x1..xk) with equal attributes -> b's consumers read a.
+
+  `family`: another family may offer a dedupe its own rules need (narrowing's slices)."""
   name = f"dedupe_{op.name.lower()}_{arity}"
-  r = RuleBuilder(name, "dedupe", symmetric=True, example=_example(op, arity),
+  r = RuleBuilder(name, family, symmetric=True, example=_example(op, arity),
                   description=f"two {op.name.title()}s of the same inputs and attributes "
                               "become one")
   xs = [r.var(f"x{i}") for i in range(arity)]
@@ -55,6 +57,10 @@ def _example(op: Op, arity: int):
       x = b.input(tuple(int(d) for d in rng.integers(1, 5, size=3)))
       perm = [int(p) for p in rng.permutation(3)]
       return [b.transpose(x, perm), b.neg(b.transpose(x, perm))]
+    if op == Op.SLICE:
+      x = b.input(tuple(int(d) for d in rng.integers(2, 5, size=2)))
+      axis = int(rng.integers(0, 2))
+      return [b.slice(x, axis, 1, x.shape[axis]), b.neg(b.slice(x, axis, 1, x.shape[axis]))]
     rows = int(rng.integers(2, 6))
     make = b.weight if rng.random() < 0.5 else b.input
     xs = [make((rows, int(rng.integers(1, 5)))) for _ in range(arity)]
