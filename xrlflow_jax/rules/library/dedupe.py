@@ -28,11 +28,12 @@ from xrlflow_jax.rules.pattern import Rule, RuleBuilder
 DEDUPED = ((Op.CONCAT, 2), (Op.CONCAT, 3), (Op.CONCAT, 4), (Op.TRANSPOSE, 1))
 
 
-def dedupe(op: Op, arity: int, family: str = "dedupe") -> Rule:
+def dedupe(op: Op, arity: int, family: str = "dedupe", name: str | None = None) -> Rule:
   """a = op(x1..xk), b = op(x1..xk) with equal attributes -> b's consumers read a.
 
-  `family`: another family may offer a dedupe its own rules need (narrowing's slices)."""
-  name = f"dedupe_{op.name.lower()}_{arity}"
+  `family`, `name`: another family may offer a dedupe its own rules need (narrowing joins equal
+  slices); "dedupe_*" names are this opt-in family's."""
+  name = name or f"dedupe_{op.name.lower()}_{arity}"
   r = RuleBuilder(name, family, symmetric=True, example=_example(op, arity),
                   description=f"two {op.name.title()}s of the same inputs and attributes "
                               "become one")

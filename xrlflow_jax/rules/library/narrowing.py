@@ -268,6 +268,7 @@ def rules() -> list[Rule]:
   out += [slice_through_binary(op, w) for op in BINARY for w in ("both", "lhs", "rhs")]
   out += [slice_through_norm(op, k) for op, k in NORMS]
   out += [slice_through_matmul(False), slice_through_matmul(True), slice_through_transpose(),
-          slice_through_reshape(), dedupe.dedupe(Op.SLICE, 1, family=FAMILY)]
+          slice_through_reshape(),
+          dedupe.dedupe(Op.SLICE, 1, family=FAMILY, name="join_equal_slices")]
   return out
 
