@@ -218,14 +218,11 @@ def const_spreads():
   `test_incremental_cost_is_not_exact_where_a_hash_change_spreads`)."""
   coeffs = cost.load_coefficients()
   def spreads(parent, child):
-    n = parent.nodes["op"].shape[0]
     tp, tc = G.input_table(parent), G.input_table(child)
-    p, c = parent.nodes, child.nodes
-    dirty = (p["alive"] != c["alive"]) | (p["is_constant"] != c["is_constant"]) | jnp.any(
-        tp != tc, axis=-1)
-    (d,) = jnp.nonzero(dirty, size=incremental.MAX_CHANGED, fill_value=n)
+    d = incremental.dirty_slots(parent, child, tp, tc, incremental.MAX_CHANGED)[2]
     base = incremental.cost_base(parent, coeffs)
-    return ~incremental._const_total(base, parent, child, d, tp, tc)[1]  # pylint: disable=protected-access
+    # pylint: disable-next=protected-access
+    return ~incremental._const_total(base, parent, child, d, tp, tc)[1]
   return jax.jit(spreads)
 
 

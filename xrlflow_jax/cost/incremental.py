@@ -34,9 +34,10 @@ parent). Every part of the cost model changes only around them:
 sibling candidates than their caps) or a hash change spreads; the caller must then cost that
 child with `model.graph_cost` (the search does; `tests/test_rules.py` checks that on the zoo's
 random rewrite walks no cap overflows and a hash spreads at most twice a walk, and that no
-one-step candidate of tiny NasRNN, BERT and ResNeXt-50 falls back). Otherwise the cost equals `graph_cost(child, pruned=True)` up to float32 summation
-order (the property tests check rel 1e-6) and under the full model's own assumption that
-distinct constants have distinct 31-bit hashes.
+one-step candidate of tiny NasRNN, BERT and ResNeXt-50 falls back). Otherwise the cost equals
+`graph_cost(child, pruned=True)` up to float32 summation order (the property tests check rel
+1e-6) and under the full model's own assumption that distinct constants have distinct 31-bit
+hashes.
 """
 
 from __future__ import annotations
@@ -397,6 +398,17 @@ def _row_delta(base: CostBase, child: layout.Graph, tc: jax.Array, d: jax.Array,
   return change, jnp.any(son & missing) | missing_elsewhere, exact
 
 
+def dirty_slots(parent: layout.Graph, child: layout.Graph, tp: jax.Array, tc: jax.Array,
+                max_changed: int) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """(bool[N] dirty, bool[N] inputs changed, int32[max_changed] the dirty slots, N-padded):
+  the slots whose aliveness, constness or inputs (tables `tp`, `tc`) differ."""
+  p, c = parent.nodes, child.nodes
+  changed_inputs = jnp.any(tp != tc, axis=-1)
+  dirty = (p["alive"] != c["alive"]) | (p["is_constant"] != c["is_constant"]) | changed_inputs
+  (d,) = jnp.nonzero(dirty, size=max_changed, fill_value=tp.shape[0])
+  return dirty, changed_inputs, d
+
+
 def candidate_cost(parent: layout.Graph, base: CostBase, child: layout.Graph,
                    coeffs: model.CostCoefficients, *, max_changed: int | None = None,
                    kernels: model.KernelTable | None = None
@@ -412,11 +424,8 @@ def candidate_cost(parent: layout.Graph, base: CostBase, child: layout.Graph,
   """
   max_changed = MAX_CHANGED if max_changed is None else max_changed
   n = base.flops.shape[0]
-  p, c = parent.nodes, child.nodes
   tp, tc = layout.input_table(parent), layout.input_table(child)
-  changed_inputs = jnp.any(tp != tc, axis=-1)
-  dirty = (p["alive"] != c["alive"]) | (p["is_constant"] != c["is_constant"]) | changed_inputs
-  (d,) = jnp.nonzero(dirty, size=max_changed, fill_value=n)
+  dirty, changed_inputs, d = dirty_slots(parent, child, tp, tc, max_changed)
   flops, hit, kms = _changed_flops(parent, base, child, d,
                                    changed_inputs[jnp.minimum(d, n - 1)], kernels)
   rows, missing, rows_exact = _row_delta(base, child, tc, d, flops, hit, kms, coeffs)

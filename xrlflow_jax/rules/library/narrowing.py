@@ -152,9 +152,8 @@ def slice_through_norm(op: Op, arity: int) -> Rule:
     x = b.input(_shape(rng, int(rng.integers(2, 4))))
     axis = int(rng.integers(1, x.rank))
     if op == Op.LAYER_NORM:
-      scale = b.weight(x.shape[axis:], init="scale")
-      bias = b.weight(x.shape[axis:], init="bias")
-      f = b.node(op, [x, scale, bias][:arity], axis=axis, epsilon=1e-5)
+      params = [b.weight(x.shape[axis:], init=init) for init in ("scale", "bias")[:arity - 1]]
+      f = b.node(op, [x] + params, axis=axis, epsilon=1e-5)
       keep = list(range(axis))
     else:
       f = b.node(op, [x], axis=axis)
