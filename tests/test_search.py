@@ -4,6 +4,7 @@ the guard; TASO past a cost-raising rewrite that greedy cannot take; clear error
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import json
 import subprocess
@@ -821,3 +822,46 @@ def test_a_fast_compile_search_builds_its_first_expansion_in_windows(toy, rulese
   assert not fresh._pending  # pylint: disable=protected-access  (the search drained)
   assert [r.to_json() for r in res.rewrites] == [r.to_json() for r in ref.rewrites]
   assert res.best_cost_ms == ref.best_cost_ms
+
+
+def test_taso_seeds_a_valley_that_the_path_to_the_best_opens():
+  """Each MatMul of a step reads its own transpose of the state, so the 4-way merge matches
+  nowhere in the input (no seed there); deduplicating the transposes lowers the cost and makes
+  the four MatMuls of every step share one tensor, where each single merge raises the cost
+  beyond alpha and all of them lower it. Seeding from each best graph crosses that valley;
+  seeding from the input alone stops at the dedupes."""
+  w = np.zeros(len(cost.FEATURE_NAMES), np.float32)
+  w[cost.FEATURE_NAMES.index("matmul.launch")] = 1.0
+  w[cost.FEATURE_NAMES.index("loop.launch")] = 1.0
+  w[cost.FEATURE_NAMES.index("const.mb")] = 1500.0
+  coeffs = cost.CostCoefficients(weights=jnp.asarray(w), call_ms=jnp.float32(0.0),
+                                 device_kind="test")
+  names = ("merge_matmul_shared_input_4", "dedupe_transpose_1")
+  rs = RuleSet([r for r in builtin_rules(["merge_matmul", "dedupe"]) if r.name in names],
+               max_locations=8)
+  ex = search.Expander(rs, coeffs)
+  b = GraphBuilder(seed=5)
+  ws = [b.weight([16, 16]) for _ in range(4)]
+  outs = []
+  for _ in range(3):
+    x = b.input([16, 16])
+    terms = [b.matmul(b.transpose(x, [1, 0]), w_) for w_ in ws]
+    while len(terms) > 1:
+      terms = [b.add(terms[i], terms[i + 1]) for i in range(0, len(terms), 2)]
+    outs.append(b.tanh(terms[0]))
+  b.output(b.add(b.add(outs[0], outs[1]), outs[2]))
+  graph, params = b.build(capacity=128)
+  first = ex.costs(graph)
+  valid = np.asarray(first.valid).reshape(len(rs), -1)
+  assert valid[0].sum() == 0 and valid[1].sum() > 0  # no merge (no seed) in the input
+  res = search.taso(graph, params, ex, budget=30)
+  made = collections.Counter(s.rule for s in res.rewrites)
+  assert made == {"dedupe_transpose_1": 9, "merge_matmul_shared_input_4": 3}, made  # 9 -> 3 MatMuls
+  assert any(s.startswith("after 9: merge_matmul_shared_input_4 x3")
+             for s in res.options["seeds"]), res.options["seeds"]
+  deduped = search.replay(graph, rs, [s for s in res.rewrites
+                                      if s.rule == "dedupe_transpose_1"])
+  assert res.best_cost_ms == pytest.approx(float(ex.costs(deduped).current) - 3, rel=1e-4)
+  assert res.best_cost_ms == pytest.approx(float(ex.costs(res.best_graph).current), rel=1e-5)
+  G.validate(res.best_graph, params)
+  assert_same_outputs(graph, res.best_graph, params)
