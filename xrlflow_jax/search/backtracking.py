@@ -34,7 +34,7 @@ def taso(graph: layout.Graph, params: ParamStore, expander: Expander, *, budget:
   Without it a cheap seed (below) can hold the queue: on NasRNN the ten saturated gate merges
   (modelled 1.651 ms) kept the budget of 100 on graphs near them, and the search returned
   them while the 24 input-batching merges alone reach 1.491 ms and with the hidden-state gate
-  merges 1.485 ms (measured 0.75 of the input's latency against 0.85 for the seed).
+  merges 1.485 ms (measured 0.71 of the input's latency, the seed's graph 0.83).
 
   With `saturate`, the input's expansion also seeds the queue with one graph per "valley"
   rule: a rule that matches at two or more locations of the input but raises the modelled
