@@ -293,7 +293,9 @@ def test_a_graph_with_dead_code_is_searched_as_its_pruned_self(ruleset, expander
   b.output(b.add(y, b.input([8, 32])))
   b.relu(b.matmul(x, b.weight([16, 4])))  # read by no output: a MatMul (1.0) that never runs
   graph, params = b.build(capacity=CAPACITY)
-  res = search.taso(graph, params, expander, budget=8, alpha=1.2)
+  # Budget 12, not 8 as for the toy: the dead MatMul adds neutral merges to the 3.5 plateau,
+  # which the queue pops one per rule in turn (`backtracking.PLATEAU`) before the 4.0 merge.
+  res = search.taso(graph, params, expander, budget=12, alpha=1.2)
   assert res.initial_cost_ms == pytest.approx(INITIAL)
   assert res.best_cost_ms == pytest.approx(OPTIMUM)
   assert res.best_cost_ms == pytest.approx(float(expander.costs(res.best_graph).current))
@@ -864,4 +866,38 @@ def test_taso_seeds_a_valley_that_the_path_to_the_best_opens():
   assert res.best_cost_ms == pytest.approx(float(ex.costs(deduped).current) - 3, rel=1e-4)
   assert res.best_cost_ms == pytest.approx(float(ex.costs(res.best_graph).current), rel=1e-5)
   G.validate(res.best_graph, params)
+  assert_same_outputs(graph, res.best_graph, params)
+
+
+def test_taso_plateau_pops_one_candidate_per_rule_in_turn():
+  """A neutral slice move (through a reshape) opens the MatMul's narrowing, beside twelve
+  neutral operand swaps. Popped one rule per turn inside the plateau, the move comes second
+  and its gain follows; in cost order with first in, first out, the swaps would take the
+  budget (as they took ViT-B/16's)."""
+  w = np.zeros(len(cost.FEATURE_NAMES), np.float32)
+  w[cost.FEATURE_NAMES.index("matmul.launch")] = 1.0
+  w[cost.FEATURE_NAMES.index("matmul.gflop")] = 1000.0
+  w[cost.FEATURE_NAMES.index("loop.launch")] = 1.0
+  coeffs = cost.CostCoefficients(weights=jnp.asarray(w), call_ms=jnp.float32(0.0),
+                                 device_kind="test")
+  names = ("add_commute", "slice_through_reshape", "slice_through_matmul_rows")
+  rs = RuleSet([r for r in builtin_rules() if r.name in names], max_locations=16)
+  assert rs.names[0] == "add_commute"  # the swaps come first in every expansion's cost order
+  ex = search.Expander(rs, coeffs)
+  b = GraphBuilder(seed=2)
+  y = b.reshape(b.matmul(b.input([64, 64]), b.weight([64, 64])), [64, 8, 8])
+  total = b.input([4, 4])
+  for _ in range(12):
+    total = b.add(total, b.input([4, 4]))
+  b.output(b.slice(y, 0, 0, 1), total)
+  graph, params = b.build(capacity=64)
+  first = ex.costs(graph)
+  valid = np.asarray(first.valid).reshape(len(rs), -1)
+  assert {n: int(v) for n, v in zip(rs.names, valid.sum(-1))} == {
+      "add_commute": 12, "slice_through_reshape": 1, "slice_through_matmul_rows": 0}
+  np.testing.assert_allclose(np.asarray(first.cost).reshape(len(rs), -1)[valid],
+                             float(first.current), rtol=1e-6)  # every first step is neutral
+  res = search.taso(graph, params, ex, budget=4)
+  assert [s.rule for s in res.rewrites] == ["slice_through_reshape", "slice_through_matmul_rows"]
+  assert res.best_cost_ms < float(first.current) - 0.1
   assert_same_outputs(graph, res.best_graph, params)

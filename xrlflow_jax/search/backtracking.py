@@ -17,6 +17,16 @@ from xrlflow_jax.search.expand import Children, Expander, Expansion, check_graph
 from xrlflow_jax.search.result import RewriteStep, SearchError, SearchResult
 
 
+# Graphs whose modelled costs differ by less than this fraction of the input's are one plateau
+# level of the queue. Inside a level, the cheapest candidate of each rule in an expansion (its
+# turn 0) is popped before any rule's second (turn 1), and so on; then first in, first out.
+# Operand swaps (add_commute, mul_commute) and other neutral rewrites make plateaus of hundreds
+# of graphs of one cost; in cost order alone ViT-B/16's search spent its whole budget swapping
+# operands after the MLP's narrowing (77 of 200 expansions add_commute) and never took the
+# neutral slice join that the attention's narrowing needs.
+PLATEAU = 1e-5
+
+
 def taso(graph: layout.Graph, params: ParamStore, expander: Expander, *, budget: int = 200,
          alpha: float = 1.05, max_children: int | None = None, max_queue: int = 10_000,
          saturate: bool = True, measure: bool = False, seed: int = 0,
@@ -27,6 +37,9 @@ def taso(graph: layout.Graph, params: ParamStore, expander: Expander, *, budget:
   and pushes every candidate whose cost is below `alpha` x the best cost so far (so a rewrite
   that raises the cost a little can lead to a better graph later), skipping graphs already seen
   (identity hash, as TASO's: `graph.identity`).
+
+  Graphs of one cost (up to `PLATEAU`) are popped one per rule and expansion in turn (see
+  `PLATEAU`).
 
   It first descends greedily from the input: each expansion's cheapest candidate is expanded
   next while it lowers the cost (these expansions count in the budget), whatever is cheaper in
@@ -77,14 +90,22 @@ def taso(graph: layout.Graph, params: ParamStore, expander: Expander, *, budget:
   first = expander.expand(g0, ids0)
   cost0 = float(first[0].current)
   tie = itertools.count()
-  # Queue entries: (cost, tie, graph or None, its identities or its Children, its bucket
+  level = abs(cost0) * PLATEAU or PLATEAU
+
+  def rank(c: float, turn: int = 0) -> float:
+    """The queue's order: c's plateau level, then the candidate's turn among its rule's in
+    its expansion (then first in, first out)."""
+    return float(np.floor(c / level)) + min(turn, 999) / 1000
+
+  # Queue entries: (rank, tie, cost, graph or None, its identities or its Children, its bucket
   # position or None, its steps). A pushed child stays unbuilt (Children, position, and its
   # parent's steps: its own is recorded when built) until popped: most pushed graphs are
   # never expanded.
-  queue: list[tuple[float, int, Any, Any, Any, tuple[RewriteStep, ...]]] = []
+  queue: list[tuple[float, int, float, Any, Any, Any, tuple[RewriteStep, ...]]] = []
   seen = {expander.graph_hash(g0, ids0)}
   best_cost = cost0
-  best_entry = dive = (cost0, next(tie), g0, ids0, None, ())  # the descent starts at the input
+  # The descent starts at the input.
+  best_entry = dive = (rank(cost0), next(tie), cost0, g0, ids0, None, ())
   seeded: list[str] = []
   seed_seconds = 0.0
 
@@ -100,7 +121,7 @@ def taso(graph: layout.Graph, params: ParamStore, expander: Expander, *, budget:
       made = collections.Counter(step.rule for step in more)
       seeded.append((f"after {len(steps)}: " if steps else "")
                     + ", ".join(f"{rule} x{k}" for rule, k in made.items()))
-      child = (c, next(tie), sg, sids, None, steps + more)
+      child = (rank(c), next(tie), c, sg, sids, None, steps + more)
       if improves(c, best_cost):
         best_cost, best_entry = c, child
       heapq.heappush(queue, child)
@@ -112,7 +133,7 @@ def taso(graph: layout.Graph, params: ParamStore, expander: Expander, *, budget:
   while (queue or dive is not None) and expanded < budget:
     diving = dive is not None
     entry, dive = (dive, None) if diving else (heapq.heappop(queue), None)
-    cost, _, g, ids, i, steps = entry
+    _, _, cost, g, ids, i, steps = entry
     if not diving and cost > alpha * best_cost:
       continue  # pushed before the best improved: outside the window now (TASO drops these)
     if g is None:
@@ -128,26 +149,32 @@ def taso(graph: layout.Graph, params: ParamStore, expander: Expander, *, budget:
     if diving and order.size and improves(float(costs[order[0]]), cost):
       j = children.fresh(int(order[0]), seen)  # the descent goes on (a seen one ends it)
       if j is not None:
-        dive = (float(costs[order[0]]), next(tie), None, children, j, steps)
-        if improves(dive[0], best_cost):
-          best_cost, best_entry = dive[0], dive
+        c = float(costs[order[0]])
+        dive = (rank(c), next(tie), c, None, children, j, steps)
+        if improves(c, best_cost):
+          best_cost, best_entry = c, dive
     order = order[costs[order] < alpha * best_cost]
     if max_children is not None:
       order = order[:max_children]
+    turns: collections.Counter = collections.Counter()
+    fresh = []  # (the candidate's turn among its rule's, position, cost, bucket position)
     for a in order.tolist():
       c = float(costs[a])
       if not c < alpha * best_cost:
         break
       j = children.fresh(a, seen)
-      if j is None:
-        continue
-      child = (c, next(tie), None, children, j, steps)
+      if j is not None:
+        r = a // expander.max_locations
+        fresh.append((turns[r], len(fresh), c, j))
+        turns[r] += 1
+    for turn, _, c, j in sorted(fresh):
+      child = (rank(c, turn), next(tie), c, None, children, j, steps)
       if improves(c, best_cost):
         best_cost, best_entry = c, child
       heapq.heappush(queue, child)
     if len(queue) > max_queue:
       queue = _cheapest(queue, max_queue)
-  _, _, best_g, best_ids, best_i, best_steps = best_entry
+  _, _, _, best_g, best_ids, best_i, best_steps = best_entry
   if best_g is None:
     best_g, _, best_steps = _build(expander, best_ids, best_i, best_steps)
   return guard.finish("taso", g0, best_g, list(best_steps), params, initial_cost=cost0,
@@ -196,9 +223,9 @@ def _build(expander: Expander, children: Children, i: int, steps: tuple[RewriteS
 
 
 def _cheapest(queue: list[tuple], k: int) -> list[tuple]:
-  """The k smallest entries of a heap of (cost, tie, ...) tuples (ties unique), as a heap:
+  """The k smallest entries of a heap of (rank, tie, ...) tuples (ties unique), as a heap:
   the same entries as `heapq.nsmallest(k, queue)`, selected with numpy."""
-  costs = np.fromiter((e[0] for e in queue), np.float64, len(queue))
+  ranks = np.fromiter((e[0] for e in queue), np.float64, len(queue))
   ties = np.fromiter((e[1] for e in queue), np.int64, len(queue))
-  keep = np.lexsort((ties, costs))[:k]
+  keep = np.lexsort((ties, ranks))[:k]
   return [queue[i] for i in keep.tolist()]  # sorted ascending: already a heap
