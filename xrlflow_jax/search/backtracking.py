@@ -52,7 +52,8 @@ def taso(graph: layout.Graph, params: ParamStore, expander: Expander, *, budget:
   With `saturate`, the input's expansion also seeds the queue with one graph per "valley"
   rule: a rule that matches at two or more locations of the input but raises the modelled
   cost at each, applied at every location in turn (`Expander.saturate`); so does the expansion
-  of every graph popped while it is the best so far (a path can open a valley: on NasRNN,
+  of every graph popped while it is the best so far, once the greedy descent (below) has
+  ended (a path can open a valley: on NasRNN,
   merging the eight hidden-state gate MatMuls of every step pays only after the input
   MatMuls are batched across steps, 0.71 of the input's latency against 0.99 for the batching
   alone). Some rewrites pay
@@ -139,8 +140,6 @@ def taso(graph: layout.Graph, params: ParamStore, expander: Expander, *, budget:
     if g is None:
       g, ids, steps = _build(expander, ids, i, steps)
     exp, children = first if g is g0 else expander.expand(g, ids)
-    if saturate and g is not g0 and entry is best_entry:
-      push_seeds(g, ids, exp, steps)  # a valley the path to the best opened (or left)
     valid, costs = np.asarray(exp.valid), np.asarray(exp.cost)
     expanded += 1
     costed += int(valid.sum())
@@ -153,6 +152,8 @@ def taso(graph: layout.Graph, params: ParamStore, expander: Expander, *, budget:
         dive = (rank(c), next(tie), c, None, children, j, steps)
         if improves(c, best_cost):
           best_cost, best_entry = c, dive
+    if saturate and g is not g0 and entry is best_entry and dive is None:
+      push_seeds(g, ids, exp, steps)  # a valley the path to the best opened (or left)
     order = order[costs[order] < alpha * best_cost]
     if max_children is not None:
       order = order[:max_children]
