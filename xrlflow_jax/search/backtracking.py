@@ -23,7 +23,8 @@ from xrlflow_jax.search.result import RewriteStep, SearchError, SearchResult
 # Operand swaps (add_commute, mul_commute) and other neutral rewrites make plateaus of hundreds
 # of graphs of one cost; in cost order alone ViT-B/16's search spent its whole budget swapping
 # operands after the MLP's narrowing (77 of 200 expansions add_commute) and never took the
-# neutral slice join that the attention's narrowing needs.
+# neutral slice join that the attention's narrowing needs. (A level of 1e-5 and exact ties alone
+# gave the same graphs on nine models, 2026-12-06: the turns are what matter.)
 PLATEAU = 1e-5
 
 
@@ -45,18 +46,17 @@ def taso(graph: layout.Graph, params: ParamStore, expander: Expander, *, budget:
   next while it lowers the cost (these expansions count in the budget), whatever is cheaper in
   the queue, so the search ends at least as low as greedy's descent where the budget allows.
   Without it a cheap seed (below) can hold the queue: on NasRNN the ten saturated gate merges
-  (modelled 1.651 ms) kept the budget of 100 on graphs near them, and the search returned
+  (modelled 1.651 ms) kept the whole budget on graphs near them, and the search returned
   them while the 24 input-batching merges alone reach 1.491 ms and with the hidden-state gate
   merges 1.485 ms (measured 0.71 of the input's latency, the seed's graph 0.83).
 
   With `saturate`, the input's expansion also seeds the queue with one graph per "valley"
   rule: a rule that matches at two or more locations of the input but raises the modelled
   cost at each, applied at every location in turn (`Expander.saturate`); so does the expansion
-  of every graph popped while it is the best so far, once the greedy descent (below) has
-  ended (a path can open a valley: on NasRNN,
-  merging the eight hidden-state gate MatMuls of every step pays only after the input
-  MatMuls are batched across steps, 0.71 of the input's latency against 0.99 for the batching
-  alone). Some rewrites pay
+  of every graph popped while it is the best so far, once the greedy descent (above) has
+  ended (a path can open a valley: on NasRNN, merging the eight hidden-state gate MatMuls of
+  every step pays only after the input MatMuls are batched across steps; together 0.71 of
+  the input's latency, the batching alone no measured change). Some rewrites pay
   only once made everywhere (merging an RNN cell's gate MatMuls adds a concatenated weight
   that the other steps do not share until they are merged too: on NasRNN one such merge
   measures slower than the input and all ten faster), a valley deeper than `alpha` lets a
