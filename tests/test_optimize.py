@@ -471,13 +471,16 @@ def test_guard_returns_a_checkpoint_measured_faster_than_the_whole_path(tmp_path
                               picture=False, **FAST)
   assert calls == [(3, pytest.approx(1 - 0.05 / 3))]
   cps = report.details["checkpoints"]
-  assert [c["rewrites"] for c in cps] == [4, 7]
-  assert report.details["checkpoint"]["rewrites"] == 7 and len(report.rewrites) == 7
-  assert report.details["checkpoint"]["of"] > 7
+  # The path: 4 gate merges (merge_matmul), 4 Concat dedupes (dedupe), then row merges.
+  assert [c["rewrites"] for c in cps] == [4, 8]
+  assert [s["rule"] for s in report.rewrites] == (
+      ["merge_matmul_shared_input_8"] * 4 + ["dedupe_concat_4"] * 3 + ["dedupe_concat_2"])
+  assert report.details["checkpoint"]["rewrites"] == 8 and len(report.rewrites) == 8
+  assert report.details["checkpoint"]["of"] > 8
   assert report.measured.ratio == pytest.approx(1.3) and report.numerics.passed
   assert report.cost_after_ms == pytest.approx(cps[1]["cost_ms"])
   assert _replay_hash(out, "nasrnn", CHECKPOINT_RULES, size="tiny") == report.hash_after
-  assert "the first 7 of" in report.table()
+  assert "the first 8 of" in report.table()
   with pytest.raises(errors.UsageError, match="checkpoints must be >= 0"):
     opt.optimize_model("nasrnn", size="tiny", checkpoints=-1, write=False)
 

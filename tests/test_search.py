@@ -28,6 +28,17 @@ from xrlflow_jax.ops import Op
 from xrlflow_jax.search import api
 from xrlflow_jax.search.policy import _policy_net
 
+
+def synthetic_coeffs(**weights: float) -> cost.CostCoefficients:
+  """Cost coefficients that are `weights` ({feature name with '_' for '.': ms per unit}) and
+  zero elsewhere, with no call cost."""
+  w = np.zeros(len(cost.FEATURE_NAMES), np.float32)
+  for name, value in weights.items():
+    w[cost.FEATURE_NAMES.index(name.replace("_", ".", 1))] = value
+  return cost.CostCoefficients(weights=jnp.asarray(w), call_ms=jnp.float32(0.0),
+                               device_kind="test")
+
+
 # A synthetic cost model (1.0 per MatMul kernel, 1.5 per loop-fusion kernel) on
 #     out = concat(x @ w1, x @ w2) + z          cost 2 + 1.5 = 3.5
 # Merging the two MatMuls (one MatMul, two slices into the concat) costs 1 + 2 * 1.5 = 4.0, so
@@ -36,11 +47,7 @@ from xrlflow_jax.search.policy import _policy_net
 RULES = ("merge_matmul_shared_input_2", "split_matmul_shared_input_2", "concat_of_slices",
          "add_commute")
 INITIAL, OPTIMUM = 3.5, 2.5
-_W = np.zeros(len(cost.FEATURE_NAMES), np.float32)
-_W[cost.FEATURE_NAMES.index("matmul.launch")] = 1.0
-_W[cost.FEATURE_NAMES.index("loop.launch")] = 1.5
-COEFFS = cost.CostCoefficients(weights=jnp.asarray(_W), call_ms=jnp.float32(0.0),
-                               device_kind="test")
+COEFFS = synthetic_coeffs(matmul_launch=1.0, loop_launch=1.5)
 CAPACITY = 32
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -335,11 +342,8 @@ def test_taso_crosses_a_valley_only_a_rule_applied_everywhere_crosses():
   other steps do not share (distinct folded constants cost `const.mb`): every single merge
   raises the cost beyond alpha, all of them lower it. The saturated seed finds that graph;
   without it the search is stuck at the input."""
-  w = np.zeros(len(cost.FEATURE_NAMES), np.float32)
-  w[cost.FEATURE_NAMES.index("matmul.launch")] = 1.0
-  w[cost.FEATURE_NAMES.index("const.mb")] = 1500.0  # four 16 x 16 float32 weights: 6.1
-  coeffs = cost.CostCoefficients(weights=jnp.asarray(w), call_ms=jnp.float32(0.0),
-                                 device_kind="test")
+  # const.mb: four 16 x 16 float32 weights cost 6.1
+  coeffs = synthetic_coeffs(matmul_launch=1.0, const_mb=1500.0)
   rs = RuleSet([r for r in builtin_rules()
                 if r.name in ("merge_matmul_shared_input_4", "add_commute")], max_locations=4)
   ex = search.Expander(rs, coeffs)
@@ -699,11 +703,7 @@ def test_queue_trim_keeps_what_heapq_nsmallest_keeps():
 def gate_merge_expander():
   """An Expander of the 8-way gate merge and the Concat dedupes on a cost model that counts
   MatMul kernels and folded constants (each single merge raises the cost)."""
-  w = np.zeros(len(cost.FEATURE_NAMES), np.float32)
-  w[cost.FEATURE_NAMES.index("matmul.launch")] = 1.0
-  w[cost.FEATURE_NAMES.index("const.mb")] = 1500.0
-  coeffs = cost.CostCoefficients(weights=jnp.asarray(w), call_ms=jnp.float32(0.0),
-                                 device_kind="test")
+  coeffs = synthetic_coeffs(matmul_launch=1.0, const_mb=1500.0)
   names = ("merge_matmul_shared_input_8", "dedupe_concat_2", "dedupe_concat_4")
   rs = RuleSet([r for r in builtin_rules(["merge_matmul", "dedupe"]) if r.name in names],
                max_locations=4)
@@ -832,12 +832,7 @@ def test_taso_seeds_a_valley_that_the_path_to_the_best_opens():
   the four MatMuls of every step share one tensor, where each single merge raises the cost
   beyond alpha and all of them lower it. Seeding from each best graph crosses that valley;
   seeding from the input alone stops at the dedupes."""
-  w = np.zeros(len(cost.FEATURE_NAMES), np.float32)
-  w[cost.FEATURE_NAMES.index("matmul.launch")] = 1.0
-  w[cost.FEATURE_NAMES.index("loop.launch")] = 1.0
-  w[cost.FEATURE_NAMES.index("const.mb")] = 1500.0
-  coeffs = cost.CostCoefficients(weights=jnp.asarray(w), call_ms=jnp.float32(0.0),
-                                 device_kind="test")
+  coeffs = synthetic_coeffs(matmul_launch=1.0, loop_launch=1.0, const_mb=1500.0)
   names = ("merge_matmul_shared_input_4", "dedupe_transpose_1")
   rs = RuleSet([r for r in builtin_rules(["merge_matmul", "dedupe"]) if r.name in names],
                max_locations=8)
@@ -874,12 +869,7 @@ def test_taso_plateau_pops_one_candidate_per_rule_in_turn():
   neutral operand swaps. Popped one rule per turn inside the plateau, the move comes second
   and its gain follows; in cost order with first in, first out, the swaps would take the
   budget (as they took ViT-B/16's)."""
-  w = np.zeros(len(cost.FEATURE_NAMES), np.float32)
-  w[cost.FEATURE_NAMES.index("matmul.launch")] = 1.0
-  w[cost.FEATURE_NAMES.index("matmul.gflop")] = 1000.0
-  w[cost.FEATURE_NAMES.index("loop.launch")] = 1.0
-  coeffs = cost.CostCoefficients(weights=jnp.asarray(w), call_ms=jnp.float32(0.0),
-                                 device_kind="test")
+  coeffs = synthetic_coeffs(matmul_launch=1.0, matmul_gflop=1000.0, loop_launch=1.0)
   names = ("add_commute", "slice_through_reshape", "slice_through_matmul_rows")
   rs = RuleSet([r for r in builtin_rules() if r.name in names], max_locations=16)
   assert rs.names[0] == "add_commute"  # the swaps come first in every expansion's cost order

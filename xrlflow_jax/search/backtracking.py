@@ -56,7 +56,12 @@ def taso(graph: layout.Graph, params: ParamStore, expander: Expander, *, budget:
   of every graph popped while it is the best so far, once the greedy descent (above) has
   ended (a path can open a valley: on NasRNN, merging the eight hidden-state gate MatMuls of
   every step pays only after the input MatMuls are batched across steps; together 0.71 of
-  the input's latency, the batching alone no measured change). Some rewrites pay
+  the input's latency, the batching alone no measured change). Such a seed is queued at the
+  plateau level of the graph it came from, behind that graph's first candidate of each rule:
+  queued at its own lower cost it was taken before a neutral step that does better (on
+  `tests/test_narrowing.py`'s class-token head, moving a slice up both branches of a GELU at
+  once, where joining the two equal slices first computes the MLP's first MatMul once; the
+  window then dropped the join). Some rewrites pay
   only once made everywhere (merging an RNN cell's gate MatMuls adds a concatenated weight
   that the other steps do not share until they are merged too: on NasRNN one such merge
   measures slower than the input and all ten faster), a valley deeper than `alpha` lets a
@@ -110,8 +115,9 @@ def taso(graph: layout.Graph, params: ParamStore, expander: Expander, *, budget:
   seeded: list[str] = []
   seed_seconds = 0.0
 
-  def push_seeds(g, ids, exp, steps) -> None:
-    """Pushes g's valley seeds (reached by `steps`) that are new and inside the window."""
+  def push_seeds(g, ids, exp, steps, at: float | None = None) -> None:
+    """Pushes g's valley seeds (reached by `steps`) that are new and inside the window, queued
+    at their own cost, or at the plateau level of cost `at`."""
     nonlocal best_cost, best_entry, seed_seconds
     t = time.perf_counter()
     for c, sg, sids, more in _valley_seeds(expander, g, ids, exp):
@@ -122,7 +128,7 @@ def taso(graph: layout.Graph, params: ParamStore, expander: Expander, *, budget:
       made = collections.Counter(step.rule for step in more)
       seeded.append((f"after {len(steps)}: " if steps else "")
                     + ", ".join(f"{rule} x{k}" for rule, k in made.items()))
-      child = (rank(c), next(tie), c, sg, sids, None, steps + more)
+      child = (rank(c if at is None else at), next(tie), c, sg, sids, None, steps + more)
       if improves(c, best_cost):
         best_cost, best_entry = c, child
       heapq.heappush(queue, child)
@@ -152,8 +158,7 @@ def taso(graph: layout.Graph, params: ParamStore, expander: Expander, *, budget:
         dive = (rank(c), next(tie), c, None, children, j, steps)
         if improves(c, best_cost):
           best_cost, best_entry = c, dive
-    if saturate and g is not g0 and entry is best_entry and dive is None:
-      push_seeds(g, ids, exp, steps)  # a valley the path to the best opened (or left)
+    reseed = saturate and g is not g0 and entry is best_entry and dive is None
     order = order[costs[order] < alpha * best_cost]
     if max_children is not None:
       order = order[:max_children]
@@ -173,6 +178,8 @@ def taso(graph: layout.Graph, params: ParamStore, expander: Expander, *, budget:
       if improves(c, best_cost):
         best_cost, best_entry = c, child
       heapq.heappush(queue, child)
+    if reseed:  # a valley the path to the best opened (or left), queued behind g's
+      push_seeds(g, ids, exp, steps, at=cost)  # first candidates of each rule (a join first)
     if len(queue) > max_queue:
       queue = _cheapest(queue, max_queue)
   _, _, _, best_g, best_ids, best_i, best_steps = best_entry
