@@ -301,7 +301,7 @@ def test_a_graph_with_dead_code_is_searched_as_its_pruned_self(ruleset, expander
   b.relu(b.matmul(x, b.weight([16, 4])))  # read by no output: a MatMul (1.0) that never runs
   graph, params = b.build(capacity=CAPACITY)
   # Budget 12, not 8 as for the toy: the dead MatMul adds neutral merges to the 3.5 plateau,
-  # which the queue pops one per rule in turn (`backtracking.PLATEAU`) before the 4.0 merge.
+  # which the queue pops one per rule in turn (`backtracking.taso`) before the 4.0 merge.
   res = search.taso(graph, params, expander, budget=12, alpha=1.2)
   assert res.initial_cost_ms == pytest.approx(INITIAL)
   assert res.best_cost_ms == pytest.approx(OPTIMUM)
@@ -685,12 +685,14 @@ def test_identity_cache_holds_objects_and_evicts_the_least_recently_used():
 
 def test_queue_trim_keeps_what_heapq_nsmallest_keeps():
   """The search's queue trim (numpy) keeps exactly `heapq.nsmallest`'s entries, ties in cost
-  broken by the push counter, and returns a valid heap."""
+  broken by the turn, then the push counter, and returns a valid heap."""
   import heapq  # pylint: disable=g-import-not-at-top
   from xrlflow_jax.search import backtracking  # pylint: disable=g-import-not-at-top
   rng = np.random.default_rng(0)
   costs = rng.integers(0, 20, size=500).astype(float) / 4  # many equal costs
-  queue = [(float(c), i, None, None, i, ()) for i, c in enumerate(costs)]
+  turns = rng.integers(0, 3, size=500)  # and many equal turns among them
+  queue = [(float(c), int(t), i, float(c), None, None, i, ())
+           for i, (c, t) in enumerate(zip(costs, turns))]
   heapq.heapify(queue)
   for k in (1, 37, 250, 499):
     kept = backtracking._cheapest(list(queue), k)  # pylint: disable=protected-access

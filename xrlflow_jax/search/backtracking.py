@@ -17,17 +17,6 @@ from xrlflow_jax.search.expand import Children, Expander, Expansion, check_graph
 from xrlflow_jax.search.result import RewriteStep, SearchError, SearchResult
 
 
-# Graphs whose modelled costs differ by less than this fraction of the input's are one plateau
-# level of the queue. Inside a level, the cheapest candidate of each rule in an expansion (its
-# turn 0) is popped before any rule's second (turn 1), and so on; then first in, first out.
-# Operand swaps (add_commute, mul_commute) and other neutral rewrites make plateaus of hundreds
-# of graphs of one cost; in cost order alone ViT-B/16's search spent its whole budget swapping
-# operands after the MLP's narrowing (77 of 200 expansions add_commute) and never took the
-# neutral slice join that the attention's narrowing needs. (A level of 1e-5 and exact ties alone
-# gave the same graphs on nine models, 2026-12-06: the turns are what matter.)
-PLATEAU = 1e-5
-
-
 def taso(graph: layout.Graph, params: ParamStore, expander: Expander, *, budget: int = 200,
          alpha: float = 1.05, max_children: int | None = None, max_queue: int = 10_000,
          saturate: bool = True, measure: bool = False, seed: int = 0,
@@ -39,8 +28,13 @@ def taso(graph: layout.Graph, params: ParamStore, expander: Expander, *, budget:
   that raises the cost a little can lead to a better graph later), skipping graphs already seen
   (identity hash, as TASO's: `graph.identity`).
 
-  Graphs of one cost (up to `PLATEAU`) are popped one per rule and expansion in turn (see
-  `PLATEAU`).
+  Graphs of one cost (a plateau) are popped one per rule and expansion in turn: an expansion's
+  cheapest candidate of each rule (its turn 0) before any rule's second (turn 1), and so on;
+  then first in, first out. Operand swaps (add_commute, mul_commute) and other neutral rewrites
+  make plateaus of hundreds of graphs of one cost; in cost order alone ViT-B/16's search spent
+  77 of its 200 expansions on add_commute after the MLP's narrowing and never took the neutral
+  slice join that the attention's narrowing needs. (Grouping costs within 1e-5 of each other
+  into one plateau gave the same graphs as exact ties on nine models, 2026-12-06.)
 
   It first descends greedily from the input: each expansion's cheapest candidate is expanded
   next while it lowers the cost (these expansions count in the budget), whatever is cheaper in
@@ -96,28 +90,22 @@ def taso(graph: layout.Graph, params: ParamStore, expander: Expander, *, budget:
   first = expander.expand(g0, ids0)
   cost0 = float(first[0].current)
   tie = itertools.count()
-  level = abs(cost0) * PLATEAU or PLATEAU
-
-  def rank(c: float, turn: int = 0) -> float:
-    """The queue's order: c's plateau level, then the candidate's turn among its rule's in
-    its expansion (then first in, first out)."""
-    return float(np.floor(c / level)) + min(turn, 999) / 1000
-
-  # Queue entries: (rank, tie, cost, graph or None, its identities or its Children, its bucket
-  # position or None, its steps). A pushed child stays unbuilt (Children, position, and its
-  # parent's steps: its own is recorded when built) until popped: most pushed graphs are
-  # never expanded.
-  queue: list[tuple[float, int, float, Any, Any, Any, tuple[RewriteStep, ...]]] = []
+  # Queue entries: (cost it is queued at, turn, tie, its cost, graph or None, its identities or
+  # its Children, its bucket position or None, its steps). A pushed child stays unbuilt
+  # (Children, position, and its parent's steps: its own is recorded when built) until popped:
+  # most pushed graphs are never expanded. A seed from a best graph is queued at that graph's
+  # cost, below its own.
+  queue: list[tuple[float, int, int, float, Any, Any, Any, tuple[RewriteStep, ...]]] = []
   seen = {expander.graph_hash(g0, ids0)}
   best_cost = cost0
   # The descent starts at the input.
-  best_entry = dive = (rank(cost0), next(tie), cost0, g0, ids0, None, ())
+  best_entry = dive = (cost0, 0, next(tie), cost0, g0, ids0, None, ())
   seeded: list[str] = []
   seed_seconds = 0.0
 
   def push_seeds(g, ids, exp, steps, at: float | None = None) -> None:
     """Pushes g's valley seeds (reached by `steps`) that are new and inside the window, queued
-    at their own cost, or at the plateau level of cost `at`."""
+    at their own cost, or at cost `at`."""
     nonlocal best_cost, best_entry, seed_seconds
     t = time.perf_counter()
     for c, sg, sids, more in _valley_seeds(expander, g, ids, exp):
@@ -128,7 +116,7 @@ def taso(graph: layout.Graph, params: ParamStore, expander: Expander, *, budget:
       made = collections.Counter(step.rule for step in more)
       seeded.append((f"after {len(steps)}: " if steps else "")
                     + ", ".join(f"{rule} x{k}" for rule, k in made.items()))
-      child = (rank(c if at is None else at), next(tie), c, sg, sids, None, steps + more)
+      child = (c if at is None else at, 0, next(tie), c, sg, sids, None, steps + more)
       if improves(c, best_cost):
         best_cost, best_entry = c, child
       heapq.heappush(queue, child)
@@ -140,7 +128,7 @@ def taso(graph: layout.Graph, params: ParamStore, expander: Expander, *, budget:
   while (queue or dive is not None) and expanded < budget:
     diving = dive is not None
     entry, dive = (dive, None) if diving else (heapq.heappop(queue), None)
-    _, _, cost, g, ids, i, steps = entry
+    _, _, _, cost, g, ids, i, steps = entry
     if not diving and cost > alpha * best_cost:
       continue  # pushed before the best improved: outside the window now (TASO drops these)
     if g is None:
@@ -155,7 +143,7 @@ def taso(graph: layout.Graph, params: ParamStore, expander: Expander, *, budget:
       j = children.fresh(int(order[0]), seen)  # the descent goes on (a seen one ends it)
       if j is not None:
         c = float(costs[order[0]])
-        dive = (rank(c), next(tie), c, None, children, j, steps)
+        dive = (c, 0, next(tie), c, None, children, j, steps)
         if improves(c, best_cost):
           best_cost, best_entry = c, dive
     reseed = saturate and g is not g0 and entry is best_entry and dive is None
@@ -166,15 +154,13 @@ def taso(graph: layout.Graph, params: ParamStore, expander: Expander, *, budget:
     fresh = []  # (the candidate's turn among its rule's, position, cost, bucket position)
     for a in order.tolist():
       c = float(costs[a])
-      if not c < alpha * best_cost:
-        break
       j = children.fresh(a, seen)
       if j is not None:
         r = a // expander.max_locations
         fresh.append((turns[r], len(fresh), c, j))
         turns[r] += 1
     for turn, _, c, j in sorted(fresh):
-      child = (rank(c, turn), next(tie), c, None, children, j, steps)
+      child = (c, turn, next(tie), c, None, children, j, steps)
       if improves(c, best_cost):
         best_cost, best_entry = c, child
       heapq.heappush(queue, child)
@@ -182,7 +168,7 @@ def taso(graph: layout.Graph, params: ParamStore, expander: Expander, *, budget:
       push_seeds(g, ids, exp, steps, at=cost)  # first candidates of each rule (a join first)
     if len(queue) > max_queue:
       queue = _cheapest(queue, max_queue)
-  _, _, _, best_g, best_ids, best_i, best_steps = best_entry
+  _, _, _, _, best_g, best_ids, best_i, best_steps = best_entry
   if best_g is None:
     best_g, _, best_steps = _build(expander, best_ids, best_i, best_steps)
   return guard.finish("taso", g0, best_g, list(best_steps), params, initial_cost=cost0,
@@ -231,9 +217,10 @@ def _build(expander: Expander, children: Children, i: int, steps: tuple[RewriteS
 
 
 def _cheapest(queue: list[tuple], k: int) -> list[tuple]:
-  """The k smallest entries of a heap of (rank, tie, ...) tuples (ties unique), as a heap:
-  the same entries as `heapq.nsmallest(k, queue)`, selected with numpy."""
-  ranks = np.fromiter((e[0] for e in queue), np.float64, len(queue))
-  ties = np.fromiter((e[1] for e in queue), np.int64, len(queue))
-  keep = np.lexsort((ties, ranks))[:k]
+  """The k smallest entries of a heap of (cost, turn, tie, ...) tuples (ties unique), as a
+  heap: the same entries as `heapq.nsmallest(k, queue)`, selected with numpy."""
+  costs = np.fromiter((e[0] for e in queue), np.float64, len(queue))
+  turns = np.fromiter((e[1] for e in queue), np.int64, len(queue))
+  ties = np.fromiter((e[2] for e in queue), np.int64, len(queue))
+  keep = np.lexsort((ties, turns, costs))[:k]
   return [queue[i] for i in keep.tolist()]  # sorted ascending: already a heap
