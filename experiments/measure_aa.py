@@ -38,6 +38,9 @@ _MIN_ROUND = flags.DEFINE_float("min_round_ms", 30.0, "More runs per round for a
 _LOOKS = flags.DEFINE_integer("looks", 1, "Sets of --rounds rounds at most, another only "
                               "while the verdict is 'no change' (`measure.compare`'s looks; "
                               "the optimise job's guard uses 2).")
+_SEED = flags.DEFINE_integer("seed", 0, "Comparison i uses seed --seed + i (round orders, random "
+                             "inputs, bootstrap): a second run with another --seed adds "
+                             "independent comparisons.")
 _NEUTRAL = flags.DEFINE_bool("neutral", True, "Also time a neutral rewrite (add_commute).")
 _OUTPUT = flags.DEFINE_string("output", "/tmp/xrlflow_measure_aa.json", "JSON results.")
 
@@ -69,7 +72,7 @@ def series(graph, candidate, params, label: str) -> dict:
   for i in range(_RUNS.value):
     cmp = measure.compare(graph, [candidate], params, rounds=_ROUNDS.value,
                           repeats_per_round=_REPEATS.value, min_round_ms=_MIN_ROUND.value,
-                          seed=i, time_unchanged=True, looks=_LOOKS.value)
+                          seed=_SEED.value + i, time_unchanged=True, looks=_LOOKS.value)
     verdicts.append(cmp.speedups[0].verdict)
     ratios.append(cmp.speedups[0].ratio)
     lower += cmp.candidates[0].median_ms < cmp.reference.median_ms  # the old guard's rule
