@@ -345,8 +345,8 @@ def test_hot_loop_kernel_takes_its_least_disturbed_round(tmp_path, monkeypatch):
   slow = [1.0, 1.7, 1.65, 1.01, 1.8]
 
   def fake_rounds(compiled, *, rounds, repeats_per_round, warmup, seed, min_round_time_s):
-    assert len(compiled) == 2 and rounds == P.ROUNDS
-    return [[np.full(repeats_per_round, base[g] * k) for k in slow] for g in range(2)]
+    assert len(compiled) == 3 and rounds == P.ROUNDS  # the empty call, the canary, the loop
+    return [[np.full(repeats_per_round, base[g] * k) for k in slow] for g in (0, 1, 1)]
 
   prof = P.Profiler(tmp_path, repeats=10)
   prof.cache.put(P.LOOP_PREFIX + sig.key, {"median_ms": 9.0, "timing": P.TIMING})
@@ -358,6 +358,46 @@ def test_hot_loop_kernel_takes_its_least_disturbed_round(tmp_path, monkeypatch):
   assert entry["loop_call_ms"] == pytest.approx(base[0]) and entry["call_ms"] == 0.0
   assert entry["timing"] == P.LOOP_TIMING and prof.current_kernel(sig) == entry
   assert max(entry["round_ms"]) == pytest.approx(1.8 * base[1])
+
+
+def test_a_batch_timed_under_load_is_timed_again_and_flagged(tmp_path, monkeypatch):
+  """Load slows every round of a multi-threaded kernel alike, so the least round cannot see it;
+  the canary timed in each batch can. A batch whose canary runs 30% over its best is timed
+  again (each kernel keeps its least round of all takes); one loaded in every take (1 +
+  RETAKES) keeps its load in the entry, which is then measured again when next needed."""
+  sig = P.OpSignature("MatMul", (0,) * 16, ((1, 64), (64, 64)), ("float32", "float32"))
+  prof = P.Profiler(tmp_path, repeats=10)
+  _, k_canary = prof._canary()  # pylint: disable=protected-access
+  call, canary_call, loop_call = 0.01, 2.0, 0.6
+  prof.cache.put(P.CANARY_KEY, {"best_ms": (canary_call - call) / k_canary})
+  takes = []
+
+  def fake_rounds(compiled, *, rounds, repeats_per_round, warmup, seed, min_round_time_s):
+    slow = 1.3 if len(takes) < loaded_takes else 1.0  # the machine is busy, then quiet
+    takes.append(seed)
+    return [[np.full(repeats_per_round, ms * (1.0 if g == 0 else slow))] * rounds
+            for g, ms in enumerate((call, canary_call, loop_call))]
+
+  monkeypatch.setattr(latency, "time_interleaved", fake_rounds)
+  loaded_takes = 1
+  entry = prof.measure_kernels([sig])[0][sig.key]
+  assert len(takes) == 2 and len(set(takes)) == 2  # a second take, with other round orders
+  assert entry["median_ms"] == pytest.approx((loop_call - call) / entry["iterations"])
+  assert entry["load"] == pytest.approx(1.0) and len(entry["round_ms"]) == 2 * P.ROUNDS
+  prof.cache.put(P.LOOP_PREFIX + sig.key, entry)
+  assert prof.current_kernel(sig) == entry
+
+  takes.clear()
+  loaded_takes = 1 + P.RETAKES
+  entry = prof.measure_kernels([sig])[0][sig.key]
+  assert len(takes) == 1 + P.RETAKES and entry["load"] == pytest.approx(
+      (1.3 * canary_call - call) / (canary_call - call), rel=1e-3)
+  assert entry["median_ms"] == pytest.approx((1.3 * loop_call - call) / entry["iterations"])
+  prof.cache.put(P.LOOP_PREFIX + sig.key, entry)
+  assert prof.current_kernel(sig) is None  # measured again next time
+  # The canary's best is its least time ever, not the loaded one.
+  assert prof.cache.get(P.CANARY_KEY)["best_ms"] == pytest.approx(
+      (canary_call - call) / k_canary)
 
 
 def test_profiler_measures_again_what_was_timed_another_way(tmp_path):
