@@ -381,6 +381,7 @@ class Profiler:
     self.cache = ProfileCache(cache_dir, self.device.device_kind)
     self.warmup, self.repeats, self.min_time_s, self.seed = warmup, repeats, min_time_s, seed
     self.measure_count = 0
+    self._canary_loop: tuple[latency.CompiledGraph, int] | None = None
 
   def _time(self, fn: Any, args: Sequence[Any]) -> np.ndarray:
     self.measure_count += 1
@@ -550,6 +551,7 @@ class Profiler:
     if loop:
       canary, canary_iterations = self._canary()
       runnable.insert(1, canary)
+    times: list[list[np.ndarray]] = []
     try:
       for take in range(1 + (RETAKES if loop else 0)):
         more = latency.time_interleaved(
@@ -599,7 +601,7 @@ class Profiler:
 
   def _canary(self) -> tuple[latency.CompiledGraph, int]:
     """The `CANARY` kernel's hot loop (compiled once per profiler) and its iteration count."""
-    if getattr(self, "_canary_loop", None) is None:
+    if self._canary_loop is None:
       self._canary_loop = self._compile_loop(CANARY)
     return self._canary_loop
 
