@@ -51,7 +51,7 @@ def taso(graph: layout.Graph, params: ParamStore, expander: Expander, *, budget:
   ended (a path can open a valley: on NasRNN, merging the eight hidden-state gate MatMuls of
   every step pays only after the input MatMuls are batched across steps; together 0.71 of
   the input's latency, the batching alone no measured change). Such a seed is queued at the
-  plateau level of the graph it came from, behind that graph's first candidate of each rule:
+  cost of the graph it came from, behind that graph's first candidate of each rule:
   queued at its own lower cost it was taken before a neutral step that does better (on
   `tests/test_narrowing.py`'s class-token head, moving a slice up both branches of a GELU at
   once, where joining the two equal slices first computes the MLP's first MatMul once; the
