@@ -17,6 +17,7 @@ from xrlflow_jax import graph as G
 from xrlflow_jax.cost import __main__ as cli
 from xrlflow_jax.cost import calibrate
 from xrlflow_jax.cost import fit as fit_lib
+from xrlflow_jax.cost import fusion_profile
 from xrlflow_jax.cost import kernel_table
 from xrlflow_jax.cost import latency
 from xrlflow_jax.cost import model as M
@@ -681,3 +682,69 @@ def test_calibration_on_first_use(tmp_path, monkeypatch):
   again = calibrate.coefficients(log=logs.append)
   np.testing.assert_array_equal(np.asarray(again.weights), np.asarray(coeffs.weights))
   assert M.load_coefficients().device_kind == "cpu"
+
+
+_HLO = """HloModule jit_apply, entry_computation_layout={(f32[4,8]{1,0})->f32[4]{0}}
+
+%fused_computation (param_0: f32[4,8], param_1: f32[8,8]) -> f32[4,8] {
+  %param_0 = f32[4,8]{1,0} parameter(0)
+  %param_1 = f32[8,8]{1,0} parameter(1)
+  ROOT %dot.1 = f32[4,8]{1,0} dot(f32[4,8]{1,0} %param_0, f32[8,8]{1,0} %param_1), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+}
+
+%region_0.2 (a: f32[], b: f32[]) -> f32[] {
+  %a = f32[] parameter(0)
+  %b = f32[] parameter(1)
+  ROOT %add.3 = f32[] add(f32[] %a, f32[] %b)
+}
+
+%fused_computation.1 (param_0.1: f32[4,8]) -> f32[8,4] {
+  %param_0.1 = f32[4,8]{1,0} parameter(0)
+  ROOT %transpose.2 = f32[8,4]{1,0} transpose(f32[4,8]{1,0} %param_0.1), dimensions={1,0}
+}
+
+ENTRY %main.9 (x: f32[4,8], w: f32[8,8]) -> (f32[4], f32[8,4]) {
+  %x = f32[4,8]{1,0} parameter(0)
+  %w = f32[8,8]{1,0} parameter(1)
+  %ynn_fusion = f32[4,8]{1,0} fusion(f32[4,8]{1,0} %x, f32[8,8]{1,0} %w), kind=kCustom, calls=%fused_computation
+  %tanh.1 = f32[4,8]{1,0} tanh(f32[4,8]{1,0} %ynn_fusion)
+  %reduce.5 = f32[4]{0} reduce(f32[4,8]{1,0} %tanh.1, f32[] %x), dimensions={1}, to_apply=%region_0.2
+  %transpose_copy_fusion = f32[8,4]{1,0} fusion(f32[4,8]{1,0} %x), kind=kLoop, calls=%fused_computation.1
+  ROOT %tuple = (f32[4]{0}, f32[8,4]{1,0}) tuple(f32[4]{0} %reduce.5, f32[8,4]{1,0} %transpose_copy_fusion)
+}
+"""
+
+
+def test_fusion_profile_reads_each_kernels_ops_from_the_hlo():
+  """A fusion is classified by the ops of the computation it calls; a reduction's combiner
+  (`to_apply`) is not followed, so its `add` does not make it elementwise."""
+  inst, comps = fusion_profile.hlo_instructions(_HLO), fusion_profile.hlo_computations(_HLO)
+  assert inst["ynn_fusion"] == ("fusion", ("fused_computation",))
+  assert comps["fused_computation.1"] == ["param_0.1", "transpose.2"]
+  kinds = {name: fusion_profile.classify(fusion_profile.kernel_ops(name, inst, comps))
+           for name in ("ynn_fusion", "tanh.1", "reduce.5", "transpose_copy_fusion")}
+  assert kinds == {"ynn_fusion": "dot", "tanh.1": "elementwise", "reduce.5": "reduction",
+                   "transpose_copy_fusion": "data"}
+  assert fusion_profile.kernel_ops("reduce.5", inst, comps) == ("reduce",)
+
+
+def test_fusion_profile_of_a_real_graph_and_its_cli(capsys):
+  """The whole compiled graph traced on this backend: a MatMul-heavy graph's time is mostly in
+  dot kernels, the kinds add up to the kernels' total, and the CLI prints the table."""
+  b = G.GraphBuilder(seed=0)
+  x = b.input((128, 512))
+  for _ in range(3):
+    x = b.node("Relu", [b.matmul(x, b.weight((512, 512)))])
+  b.output(x)
+  graph, params = b.build(capacity=16)
+  prof = fusion_profile.profile(graph, params, runs=5)
+  kinds = prof.by_kind()
+  assert set(kinds) == set(fusion_profile.KINDS)
+  assert kinds["dot"][0] == 3 and kinds["convolution"] == (0, 0.0)
+  assert sum(ms for _, ms in kinds.values()) == pytest.approx(prof.kernel_ms)
+  assert prof.share("dot") > 0.5 and prof.wall_ms > 0
+  assert all(k.ms > 0 and k.calls >= 1 for k in prof.kernels)
+  assert "outside dots and convolutions" in prof.table()
+  assert cli.main(["kernels", "--model=nasrnn", "--size=tiny", "--runs=2", "--limit=3"]) == 0
+  out = capsys.readouterr().out
+  assert "# nasrnn[tiny]: XLA kernels" in out and "dot" in out

@@ -19,6 +19,7 @@ from tests.test_layout import assert_found_is_sound
 
 CONV = ops.get(Op.CONV2D).attr_offsets()
 GROUPS, IMPL = CONV["groups"][0], CONV["impl"][0]
+POOL_IMPL = ops.get(Op.MAX_POOL).attr_offsets()["impl"][0]
 
 
 def _separable_stack(capacity: int = 48, pool_impl: Impl = Impl.XLA
@@ -38,11 +39,15 @@ def _separable_stack(capacity: int = 48, pool_impl: Impl = Impl.XLA
   return b.build(capacity=capacity)
 
 
-def _search(graph, params, tmp_path, taps_ms: float):
+def _search(graph, params, tmp_path, taps_ms: float, pool_taps_ms: float = 1.0):
+  """Greedy over the impl rules, on a table that measures every kernel 1 ms but tap-by-tap
+  convolutions (`taps_ms`) and tap-by-tap pools (`pool_taps_ms`)."""
   rs = RuleSet([r for r in builtin_rules() if r.family == impl_rules.FAMILY], max_locations=8)
   def ms(sig):
     if sig.op == "Conv2D" and int(sig.attrs[IMPL]) == Impl.TAPS:
       return taps_ms
+    if sig.op in ("MaxPool", "AvgPool") and int(sig.attrs[POOL_IMPL]) == Impl.TAPS:
+      return pool_taps_ms
     return 1.0
   times = kernel_table.KernelTimes(_TableProfiler(tmp_path, ms))
   ex = search.Expander(rs, cost.load_coefficients("cpu"), kernels=times)
@@ -71,6 +76,25 @@ def test_search_keeps_xla_kernels_when_taps_measure_slower(tmp_path):
   found, _ = _search(graph, params, tmp_path, taps_ms=3.0)
   assert not found.rewrites
   assert all(attrs[IMPL] == Impl.XLA for attrs in _live_attrs(found.best_graph, Op.CONV2D))
+
+
+@pytest.mark.parametrize("pool_taps_ms", [0.2, 3.0])
+def test_search_lowers_pools_by_what_the_table_measures(tmp_path, pool_taps_ms):
+  """Pools are kernels of the table: where it measures tap-by-tap pools faster the search
+  lowers both pools that way (and the result computes the original function); where slower,
+  it keeps XLA's reduce-window."""
+  graph, params = _separable_stack()
+  found, rs = _search(graph, params, tmp_path, taps_ms=3.0, pool_taps_ms=pool_taps_ms)
+  want = Impl.TAPS if pool_taps_ms < 1 else Impl.XLA
+  for op in (Op.MAX_POOL, Op.AVG_POOL):
+    (attrs,) = _live_attrs(found.best_graph, op)
+    assert attrs[POOL_IMPL] == want, op
+  if want == Impl.TAPS:
+    assert sorted(s.rule for s in found.rewrites) == ["avg_pool_taps", "max_pool_taps"]
+    assert found.modelled_speedup > 1
+    assert_found_is_sound(graph, params, found, rs, (1, 8, 12, 12), rtol=1e-5, atol=1e-6)
+  else:
+    assert not found.rewrites
 
 
 def test_taps_graph_exports_the_same_onnx_ops(tmp_path):

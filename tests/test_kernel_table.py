@@ -121,6 +121,32 @@ def test_table_replaces_the_kernel_part_only(tmp_path):
   np.testing.assert_array_equal(np.asarray(after)[others], analytic[others])
 
 
+def test_a_pool_costs_what_the_table_measures(tmp_path):
+  """A pool is a kernel of the table: its row costs the measured time (no epilogue), it is
+  reported missing until measured, and no other row changes."""
+  coeffs = cost.load_coefficients("cpu")
+  b = GraphBuilder(seed=0)
+  x = b.node(Op.RELU, [b.input((1, 8, 12, 12))])
+  b.output(b.node(Op.MAX_POOL, [x], kernel=(3, 3), strides=(2, 2), pads=(0, 0, 0, 0)))
+  graph, _ = b.build(capacity=16)
+  times = kernel_table.KernelTimes(_TableProfiler(tmp_path, lambda s: 0.75))
+  fn = jax.jit(lambda g, t: cost_model.node_costs_and_misses(g, coeffs, kernels=t))
+  analytic = np.asarray(cost_model.node_costs(graph, coeffs))
+  before, missing = fn(graph, times.table())
+  np.testing.assert_array_equal(np.asarray(before), analytic)
+  assert bool(missing)
+  (sig,) = times.missing(graph).values()
+  assert sig.op == "MaxPool"
+  assert times.add(graph) == 1
+  after, missing = fn(graph, times.table())
+  assert not bool(missing)
+  g = layout.to_host(graph)
+  (v,) = np.flatnonzero(g.nodes["alive"] & (g.nodes["op"] == Op.MAX_POOL))
+  assert float(after[v]) == pytest.approx(0.75 - 0.005, rel=1e-6)
+  others = np.arange(len(analytic)) != v
+  np.testing.assert_array_equal(np.asarray(after)[others], analytic[others])
+
+
 def test_siblings_keep_the_fitted_concurrency_discount(tmp_path):
   """Two MatMuls reading one tensor run concurrently on XLA:CPU: measured alone, each is
   scaled by the fit's sibling/own GFLOP ratio."""
@@ -153,7 +179,7 @@ def test_incremental_candidate_costs_with_a_table_equal_the_full_model(tmp_path)
   assert 256 >= incremental.MIN_CAPACITY
   graph, _ = models.build("resnext50", "tiny", capacity=256)
   ex, times = _resnext_expander(
-      tmp_path, lambda s: 0.05 * _groups(s) + 1e-4 * np.prod(s.in_shapes[1]))
+      tmp_path, lambda s: 0.05 * _groups(s) + 1e-4 * np.prod(s.in_shapes[-1]))
   exp, children = ex.expand(graph, ex.identities(graph))
   assert ex.stats.kernel_recosted > 0 and len(times) > ex.stats.kernel_recosted // 8
   valid, costs = np.asarray(exp.valid), np.asarray(exp.cost)

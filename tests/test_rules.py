@@ -17,15 +17,13 @@ from xrlflow_jax.ops import Op
 from xrlflow_jax import graph as G
 from xrlflow_jax.rules import RuleSet
 from xrlflow_jax.rules.library import OPT_IN_FAMILIES, builtin_rules
-from xrlflow_jax.rules.library import impl as impl_rules
 from xrlflow_jax.rules.verify import verify_rule
 
 from tests.conftest import SHARED
 
 RULES = builtin_rules()
-# Verified like the default rules: the opt-in families, and the pools' implementation choice
-# (not in the default set until the kernel table prices pools).
-OPT_IN = builtin_rules(list(OPT_IN_FAMILIES)) + impl_rules.pool_rules()
+# Verified like the default rules: the opt-in families.
+OPT_IN = builtin_rules(list(OPT_IN_FAMILIES))
 BY_NAME = {r.name: r for r in RULES + OPT_IN}
 HARNESS = RuleSet(RULES + OPT_IN, max_locations=16)  # one compilation verifies every rule
 

@@ -5,6 +5,7 @@ r"""Command line of the cost package.
     python -m xrlflow_jax.cost fit --models=all --sizes=tiny,default --out=cost_cpu.json
     python -m xrlflow_jax.cost calibrate [--quick] [--out=FILE]
     python -m xrlflow_jax.cost cost --model=resnet18 --size=tiny [--measure]
+    python -m xrlflow_jax.cost kernels --model=bert [--limit=20]
 
 `profile` prints a per-op table (measuring only signatures not yet in the cache); `fit` profiles
 the given models (and random rewritten variants of them, so merged and enlarged ops are covered)
@@ -12,7 +13,9 @@ and fits the cost model's coefficients for this device; `calibrate` does the sam
 suite of zoo models and writes this machine's calibration for the device kind (what the
 optimise job, the search API and training do on first use on a device kind the package has no
 fit for); `cost` prints the modelled cost of a model (and, with --measure, its measured
-latency).
+latency); `kernels` prints where the whole compiled model spends its time, XLA's kernels by
+kind (dot, convolution, reduction, data movement, elementwise), and the share outside dots and
+convolutions: the most a rewrite that keeps their FLOPs could save (`fusion_profile`).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import numpy as np
 from xrlflow_jax import models
 from xrlflow_jax.cost import calibrate as calibrate_lib
 from xrlflow_jax.cost import fit as fit_lib
+from xrlflow_jax.cost import fusion_profile
 from xrlflow_jax.cost import latency
 from xrlflow_jax.cost import model as cost_model
 from xrlflow_jax.cost import profiler as profiler_lib
@@ -123,6 +127,15 @@ def cmd_cost(args: argparse.Namespace) -> int:
   return 0
 
 
+def cmd_kernels(args: argparse.Namespace) -> int:
+  graph, params, name = variants_lib.load_model(args.model, args.size)
+  prof = fusion_profile.profile(graph, params, runs=args.runs, backend=args.backend)
+  print(f"# {name}: XLA kernels of the compiled graph, mean of {prof.runs} traced runs "
+        f"({prof.platform})")
+  print(prof.table(limit=args.limit))
+  return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
   p = argparse.ArgumentParser(prog="python -m xrlflow_jax.cost", description=__doc__,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -179,6 +192,14 @@ def build_parser() -> argparse.ArgumentParser:
   q.add_argument("--measure", action="store_true")
   common(q)
   q.set_defaults(fn=cmd_cost)
+
+  q = sub.add_parser("kernels", help="where the whole compiled model spends its time")
+  q.add_argument("--model", required=True, help="zoo name or ONNX path")
+  q.add_argument("--size", default="default", choices=models.SIZES)
+  q.add_argument("--runs", type=int, default=10, help="traced runs (and untraced ones)")
+  q.add_argument("--limit", type=int, default=20, help="kernels listed (slowest first)")
+  q.add_argument("--backend", default=None, help="JAX platform (cpu, gpu); default: JAX's")
+  q.set_defaults(fn=cmd_kernels)
   return p
 
 

@@ -144,16 +144,17 @@ def _reverse_table(target: jax.Array, source: jax.Array, n: int, cap: int
   return table.astype(jnp.int32), count > cap
 
 
-def _row_costs(feats: jax.Array, coeffs: model.CostCoefficients, hit: jax.Array | None,
-               ms: jax.Array | None) -> tuple[jax.Array, jax.Array]:
+def _row_costs(feats: jax.Array, op: jax.Array, coeffs: model.CostCoefficients,
+               hit: jax.Array | None, ms: jax.Array | None) -> tuple[jax.Array, jax.Array]:
   """(float32[M] costs, bool[M] kernel rows missing from the table) of feature rows
-  [M, F - 1] (no `const.mb`), measured kernels applied where `hit`."""
+  [M, F - 1] (no `const.mb`) of slots with op codes int32[M], measured kernels applied where
+  `hit`."""
   feats = jnp.concatenate([feats, jnp.zeros(feats.shape[:-1] + (1,), feats.dtype)], axis=-1)
   costs = feats @ jnp.asarray(coeffs.weights, jnp.float32)
   if hit is None:
     return costs, jnp.zeros(costs.shape, bool)
-  costs, _ = model.measured_costs(costs, feats, hit, ms, coeffs)
-  return costs, model.kernel_rows(feats) & ~hit
+  costs, _ = model.measured_costs(costs, feats, op, hit, ms, coeffs)
+  return costs, model.kernel_rows(op, feats) & ~hit
 
 
 def cost_base(graph: layout.Graph, coeffs: model.CostCoefficients,
@@ -179,7 +180,8 @@ def cost_base(graph: layout.Graph, coeffs: model.CostCoefficients,
     hit, kms = model.lookup_kernels(kernels, kkey)
   ctx = model.graph_context(graph, coeffs.epilogue_fusion, pruned=True)
   row_cost, row_missing = _row_costs(
-      model.context_features(graph, ctx, coeffs.epilogue_fusion, flops), coeffs, hit, kms)
+      model.context_features(graph, ctx, coeffs.epilogue_fusion, flops), nd["op"], coeffs,
+      hit, kms)
   # Input chains: each input and the slots it resolves through ([N, K, depth + 1]).
   safe = jnp.maximum(ctx.table, 0)
   chain = [safe]
@@ -387,7 +389,7 @@ def _row_delta(base: CostBase, child: layout.Graph, tc: jax.Array, d: jax.Array,
   sibling = ks.mmconv & (ctx.readers[first] + readers_delta[first] >= 2)
   feats = model.row_columns(ks, c["op"][ss], numel, out_mb, vs, in_mb, src_loop_out,
                             materialise, sibling, flops[ss], ef)
-  costs, missing = _row_costs(feats, coeffs, None if hit is None else hit[ss],
+  costs, missing = _row_costs(feats, c["op"][ss], coeffs, None if hit is None else hit[ss],
                               None if kms is None else kms[ss])
   change = jnp.sum(jnp.where(son, costs - base.row_cost[ss], 0.0))
   # Missing kernels: the child's rows here, the parent's elsewhere.

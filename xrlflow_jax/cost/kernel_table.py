@@ -38,10 +38,12 @@ DEFAULT_CAPACITY = 1024
 
 
 def bare_kernel(sig: OpSignature) -> OpSignature:
-  """The kernel of a MatMul or convolution signature without its epilogue: activation
+  """The kernel of a MatMul, convolution or pool signature without its epilogue: activation
   cleared, only the data and weight operands (what `model.kernel_keys` keys)."""
   attrs = list(sig.attrs)
-  attrs[model.kernel_activation_offset(sig.op)] = 0
+  act = model.kernel_activation_offset(sig.op)
+  if act is not None:
+    attrs[act] = 0
   n = model.KERNEL_OPERANDS
   return dataclasses.replace(sig, attrs=tuple(attrs), in_shapes=sig.in_shapes[:n],
                              in_dtypes=sig.in_dtypes[:n])

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import jax
 import numpy as np
@@ -109,9 +109,11 @@ class CompiledGraph:
 
 def compile_graph(graph: layout.Graph, params: ParamStore, *, backend: str | None = None,
                   device: jax.Device | None = None, seed: int = 0,
-                  what: str = "the graph", precision: str | None = None) -> CompiledGraph:
+                  what: str = "the graph", precision: str | None = None,
+                  compiler_options: Mapping[str, Any] | None = None) -> CompiledGraph:
   """Lowers (validating the graph), places operands on the device and compiles ahead of time.
-  `precision`: the numerics policy of matmuls and convolutions (`ops.precision`).
+  `precision`: the numerics policy of matmuls and convolutions (`ops.precision`);
+  `compiler_options`: XLA options of this compile (e.g. `xla_options.for_cpu`'s).
 
   Raises:
     GraphValidationError (and its subclasses): the graph is invalid.
@@ -125,7 +127,8 @@ def compile_graph(graph: layout.Graph, params: ParamStore, *, backend: str | Non
     inputs = [jax.device_put(x, device)
               for x in lowered.check_inputs(lowered.random_inputs(seed))]
     consts = jax.device_put(lowered.consts, device)
-    compiled = jax.jit(lowered.apply).lower(consts, *inputs).compile()
+    compiled = jax.jit(lowered.apply).lower(consts, *inputs).compile(
+        compiler_options=dict(compiler_options) if compiler_options else None)
   except Exception as e:  # pylint: disable=broad-except
     if _is_out_of_memory(e):
       raise _memory_error(e, what, device, nbytes) from None

@@ -625,10 +625,13 @@ def flops_all(graph: layout.Graph) -> jax.Array:
 # shapes and groups far more than one per-FLOP coefficient can say (XLA:CPU, 2-core x86_64,
 # 2026-12-02: a 3x3 convolution of 128 channels at 56x56 takes 13.4 ms with 32 groups and 8.1 ms
 # with 16, twice the FLOPs; at 14x14 the same change goes from 1.9 to 3.2 ms).
-KERNEL_OPS = (Op.MATMUL, Op.CONV2D, Op.CONV_TRANSPOSE)
+# Pools too: XLA:CPU's reduce-window emitter runs a 3x3 stride-2 max pool of 1 x 111 x 111 x 64
+# in 0.46 ms and the same pool as nine strided slices (`ops.Impl.TAPS`) in 0.10 ms, a ratio the
+# roofline cannot see, so the `impl` rules' pool choice is priced by measurement.
+KERNEL_OPS = (Op.MATMUL, Op.CONV2D, Op.CONV_TRANSPOSE, Op.MAX_POOL, Op.AVG_POOL)
 NO_KERNEL = 0xFFFFFFFF  # table padding (keys are 31-bit)
 UNMEASURED_MS = -1.0  # a kernel the profiler could not time alone: it keeps the roofline
-_KERNEL_LAUNCH = [FEATURE_NAMES.index(f"{c}.launch") for c in ("matmul", "conv", "gconv")]
+_LAUNCH = [FEATURE_NAMES.index(f"{c}.launch") for c in CLASSES]
 _SIBLING_COLS = [FEATURE_NAMES.index(f) for f in SIBLING]
 _SIBLING_OF = [FEATURE_NAMES.index(f) for f in ("matmul.gflop", "conv.gflop")]
 _EPILOGUE_COLS = [FEATURE_NAMES.index(f"loop.{p}") for p in PER_CLASS]  # on a kernel's row
@@ -679,9 +682,9 @@ def kernel_keys(graph: layout.Graph, rows: jax.Array | None = None) -> jax.Array
   return h >> 1
 
 
-def kernel_activation_offset(op: int | str) -> int:
-  """The attribute index of a kernel op's (`KERNEL_OPS`) fused activation."""
-  return _KERNEL_ACT[int(ops.get(op).code)]
+def kernel_activation_offset(op: int | str) -> int | None:
+  """The attribute index of a kernel op's (`KERNEL_OPS`) fused activation (None: a pool)."""
+  return _KERNEL_ACT.get(int(ops.get(op).code))
 
 
 def lookup_kernels(table: KernelTable, keys: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -691,19 +694,20 @@ def lookup_kernels(table: KernelTable, keys: jax.Array) -> tuple[jax.Array, jax.
   return hit, jnp.where(hit, table.ms[pos], 0.0)
 
 
-def kernel_rows(feats: jax.Array) -> jax.Array:
-  """bool[N]: the slots that launch a MatMul or convolution kernel (from `node_features`)."""
-  return jnp.sum(feats[:, _KERNEL_LAUNCH], axis=-1) > 0
+def kernel_rows(op: jax.Array, feats: jax.Array) -> jax.Array:
+  """bool[N]: the slots (op codes int32[N], `node_features` rows [N, F]) that launch a kernel
+  of `KERNEL_OPS` (a dead, source or unreachable slot launches nothing)."""
+  return jnp.isin(op, jnp.asarray(KERNEL_OPS, jnp.int32)) & (jnp.sum(feats[:, _LAUNCH], -1) > 0)
 
 
-def measured_costs(costs: jax.Array, feats: jax.Array, hit: jax.Array, ms: jax.Array,
-                   coeffs: CostCoefficients) -> tuple[jax.Array, jax.Array]:
+def measured_costs(costs: jax.Array, feats: jax.Array, op: jax.Array, hit: jax.Array,
+                   ms: jax.Array, coeffs: CostCoefficients) -> tuple[jax.Array, jax.Array]:
   """(float32[N] node costs, bool[] a kernel missing from the table): each kernel slot whose
   signature the table has (`hit`) costs its measured time `ms`, scaled by the fitted sibling
   discount when it runs beside a sibling (`SIBLING`: concurrency is a property of the graph,
   not of the kernel), plus the model's cost of its epilogue (bias and activation, a loop
-  fusion); other slots keep the model's `costs`."""
-  kernel = kernel_rows(feats)
+  fusion); other slots keep the model's `costs`. `op`: int32[N], the slots' op codes."""
+  kernel = kernel_rows(op, feats)
   w = jnp.asarray(coeffs.weights, jnp.float32)
   sib_w, own_w = w[jnp.asarray(_SIBLING_COLS)], w[jnp.asarray(_SIBLING_OF)]
   ratio = jnp.where(own_w > 0, jnp.minimum(sib_w / jnp.where(own_w > 0, own_w, 1.0), 1.0), 1.0)
@@ -726,7 +730,8 @@ def node_costs_and_misses(graph: layout.Graph, coeffs: CostCoefficients, *,
   costs = feats @ jnp.asarray(coeffs.weights, jnp.float32)
   if kernels is None:
     return costs, jnp.asarray(False)
-  return measured_costs(costs, feats, *lookup_kernels(kernels, kernel_keys(graph)), coeffs)
+  return measured_costs(costs, feats, graph.nodes["op"],
+                        *lookup_kernels(kernels, kernel_keys(graph)), coeffs)
 
 
 def node_costs(graph: layout.Graph, coeffs: CostCoefficients, *,
