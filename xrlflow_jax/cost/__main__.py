@@ -15,7 +15,8 @@ optimise job, the search API and training do on first use on a device kind the p
 fit for); `cost` prints the modelled cost of a model (and, with --measure, its measured
 latency); `kernels` prints where the whole compiled model spends its time, XLA's kernels by
 kind (dot, convolution, reduction, data movement, elementwise), and the share outside dots and
-convolutions: the most a rewrite that keeps their FLOPs could save (`fusion_profile`).
+convolutions: the most a rewrite can save without making a dot or convolution faster
+(`fusion_profile`).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 The per-op profiler (`profiler`) times each op alone; this module times the graph as XLA
 compiled it, fusions and all, so it answers "how much of this model's time could a rewrite
-that keeps the FLOPs save at most". The graph is compiled once with per-kernel trace events
+save at most without making a dot or convolution faster". The graph is compiled once with per-kernel trace events
 (on XLA:CPU the `xla_cpu_enable_xprof_traceme` option), run `runs` times under
 `jax.profiler.trace`, and every event that names an HLO instruction of this executable (its
 `hlo_op` argument, else its name) is summed per instruction. Checked on XLA:CPU only: a
@@ -106,7 +106,7 @@ class FusionProfile:
                  f"{self.wall_ms:.3f} ms a run; kernels overlap where independent)")
     rest = 1.0 - self.share("dot", "convolution")
     lines.append(f"outside dots and convolutions: {rest:.1%} of the kernel time (the most a "
-                 f"rewrite that keeps the matmul and convolution FLOPs could save)")
+                 f"rewrite can save without making a dot or convolution faster)")
     shown = self.kernels if limit is None else self.kernels[:limit]
     if shown:
       lines.append("")
