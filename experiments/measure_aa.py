@@ -41,6 +41,10 @@ _LOOKS = flags.DEFINE_integer("looks", 1, "Sets of --rounds rounds at most, anot
 _SEED = flags.DEFINE_integer("seed", 0, "Comparison i uses seed --seed + i (round orders, random "
                              "inputs, bootstrap): a second run with another --seed adds "
                              "independent comparisons.")
+_LEVEL = flags.DEFINE_float(
+    "level", 0.95, "Interval level of the verdict over all looks (0.95: `measure.compare`'s "
+    "default; the optimise job's guard, choosing among the path and its 2 checkpoint "
+    "prefixes, uses 1 - 0.05 / 3 = 0.98333).")
 _NEUTRAL = flags.DEFINE_bool("neutral", True, "Also time a neutral rewrite (add_commute).")
 _OUTPUT = flags.DEFINE_string("output", "/tmp/xrlflow_measure_aa.json", "JSON results.")
 
@@ -72,7 +76,8 @@ def series(graph, candidate, params, label: str) -> dict:
   for i in range(_RUNS.value):
     cmp = measure.compare(graph, [candidate], params, rounds=_ROUNDS.value,
                           repeats_per_round=_REPEATS.value, min_round_ms=_MIN_ROUND.value,
-                          seed=_SEED.value + i, time_unchanged=True, looks=_LOOKS.value)
+                          seed=_SEED.value + i, time_unchanged=True, looks=_LOOKS.value,
+                          level=_LEVEL.value)
     verdicts.append(cmp.speedups[0].verdict)
     ratios.append(cmp.speedups[0].ratio)
     lower += cmp.candidates[0].median_ms < cmp.reference.median_ms  # the old guard's rule
@@ -99,7 +104,9 @@ def main(argv: list[str]) -> None:
   except measure.MeasurementError as e:
     raise app.UsageError(str(e)) from None
   print(machine.machine_header(), flush=True)
-  print(f"- verdict: {measure.look_level(measure.LEVEL, _LOOKS.value):.1%} bootstrap interval over "
+  if not 0.5 < _LEVEL.value < 1:
+    raise app.UsageError(f"--level must lie in (0.5, 1), got {_LEVEL.value}")
+  print(f"- verdict: {measure.look_level(_LEVEL.value, _LOOKS.value):.2%} bootstrap interval over "
         f"{_ROUNDS.value} rounds (up to {_LOOKS.value} sets of them) x {_REPEATS.value} runs "
         f"(or more, a round lasting >= {_MIN_ROUND.value:g} ms), an "
         "identical copy as control", flush=True)
@@ -124,6 +131,7 @@ def main(argv: list[str]) -> None:
   Path(_OUTPUT.value).write_text(json.dumps({"machine": machine.machine_info(), "rounds":
                                              _ROUNDS.value, "repeats_per_round": _REPEATS.value,
                                              "min_round_ms": _MIN_ROUND.value,
+                                             "level": _LEVEL.value, "looks": _LOOKS.value,
                                              "series": results, "false_positives": total,
                                              "runs": n}, indent=2) + "\n")
   print(f"wrote {_OUTPUT.value}")
