@@ -103,9 +103,9 @@ def main(argv: list[str]) -> None:
                            looks=_LOOKS.value)
   except measure.MeasurementError as e:
     raise app.UsageError(str(e)) from None
-  print(machine.machine_header(), flush=True)
   if not 0.5 < _LEVEL.value < 1:
     raise app.UsageError(f"--level must lie in (0.5, 1), got {_LEVEL.value}")
+  print(machine.machine_header(), flush=True)
   print(f"- verdict: {measure.look_level(_LEVEL.value, _LOOKS.value):.2%} bootstrap interval over "
         f"{_ROUNDS.value} rounds (up to {_LOOKS.value} sets of them) x {_REPEATS.value} runs "
         f"(or more, a round lasting >= {_MIN_ROUND.value:g} ms), an "

@@ -31,7 +31,6 @@ import gzip
 import json
 import re
 import tempfile
-import time
 from typing import Any, Mapping
 
 import jax
@@ -201,12 +200,7 @@ def profile(graph: layout.Graph, params: ParamStore, *, runs: int = 10,
   compiled = latency.compile_graph(graph, params, device=device, seed=seed,
                                    compiler_options=options)
   fn, args = compiled.fn, compiled.args
-  jax.block_until_ready(fn(*args))
-  walls = []
-  for _ in range(runs):
-    t0 = time.perf_counter()
-    jax.block_until_ready(fn(*args))
-    walls.append((time.perf_counter() - t0) * 1e3)
+  walls = latency.time_callable(fn, args, warmup=1, repeats=runs)
   hlo = fn.as_text()
   instructions, computations = hlo_instructions(hlo), hlo_computations(hlo)
   total: dict[str, float] = collections.defaultdict(float)
