@@ -213,3 +213,85 @@ def test_nhwc_graph_exports_to_valid_onnx(tmp_path):
   sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
   (got,) = sess.run(None, {sess.get_inputs()[0].name: x})
   np.testing.assert_allclose(got, executor.run(graph, params, x)[0], rtol=1e-4, atol=1e-5)
+
+
+# ---------------------------------------------------------------------------------------------
+# MatMuls computed transposed (weight on the left).
+
+def _linear_chain(capacity: int = 64, bias: bool = True):
+  """x [8, 16] -> linear 16->32 (gelu) -> linear 32->24 -> output; biases as separate adds."""
+  b = G.GraphBuilder(seed=0)
+  x = b.input((8, 16))
+  h = b.matmul(x, b.weight((16, 32)))
+  if bias:
+    h = b.add(h, b.weight((32,), init="bias"))
+  h = b.gelu(h)
+  y = b.matmul(h, b.weight((32, 24)))
+  if bias:
+    y = b.add(y, b.weight((24,), init="bias"))
+  b.output(y)
+  return b.build(capacity=capacity)
+
+
+def test_a_transposed_matmul_is_compiled_as_written():
+  """XLA folds transpose(dot(a, b)) back into dot(b, a); the executor's barrier keeps the dot
+  the graph wrote (its output [N, M]), and the result is unchanged."""
+  graph, params = _linear_chain(bias=False)
+  rs = RuleSet([r for r in builtin_rules() if r.name == "matmul_transposed"], max_locations=8)
+  m = rs.jit_match(graph)
+  assert int(m.found[0]) == 2
+  new, ok = rs.apply(graph, 0, m.nodes[0, int(np.flatnonzero(np.asarray(m.mask[0]))[-1])])
+  assert bool(ok)
+  x = np.random.default_rng(0).standard_normal((8, 16)).astype(np.float32)
+  np.testing.assert_allclose(executor.run(new, params, x)[0], executor.run(graph, params, x)[0],
+                             rtol=1e-5, atol=1e-5)
+  lowered = executor.lower(new, params)
+  hlo = lowered.compiled.lower(lowered.consts, x).compile().as_text()
+  dots = [line for line in hlo.splitlines() if " dot(" in line]
+  assert any("f32[24,8]" in line.split("=")[1] for line in dots), dots  # [N, M], as written
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_search_runs_a_linear_chain_transposed(tmp_path, bias):
+  """With a table that measures weight-on-the-left MatMuls at half the time, the search runs
+  both MatMuls of a linear chain transposed, and the result computes the original."""
+  graph, params = _linear_chain(bias=bias)
+  names = {r.name for r in layout_rules.rules()} | {"transpose_cancel", "transpose_fuse"}
+  rs = RuleSet([r for r in builtin_rules() if r.name in names], max_locations=8)
+  def ms(sig):  # weight left: [N, K] @ [K, M] with N > M here
+    return 0.5 if sig.op == "MatMul" and sig.in_shapes[0][0] > sig.in_shapes[1][1] else 1.0
+  times = kernel_table.KernelTimes(_TableProfiler(tmp_path, ms))
+  ex = search.Expander(rs, cost.load_coefficients("cpu"), kernels=times)
+  found = search.optimize(graph, params, "taso", expander=ex, budget=100)
+  nd = G.to_host(found.best_graph).nodes
+  live = np.asarray(G.live_nodes(G.to_host(found.best_graph))) & ~nd["is_constant"]
+  mms = np.flatnonzero(live & (nd["op"] == Op.MATMUL))
+  assert len(mms) == 2
+  for v in mms:  # the weight is the left operand: [N, K] @ [K, M=8]
+    assert int(nd["shape"][v][ops.MAX_RANK - 1]) == 8, [s.rule for s in found.rewrites]
+  # The input's transpose, the output's, and at most one pair that XLA fuses into one loop
+  # (transpose(gelu(transpose(z))): the model sees no gain in moving it through the GELU).
+  assert int(np.sum(live & (nd["op"] == Op.TRANSPOSE))) <= 4, [s.rule for s in found.rewrites]
+  assert found.modelled_speedup > 1.2
+  assert_found_is_sound(graph, params, found, rs, (8, 16), rtol=1e-4, atol=1e-5)
+
+
+def test_transposed_matmul_rules_near_misses():
+  """The bias must be a vector (a [1, N] row is left alone), the MatMul rank 2, and the
+  transpose a MatMul moves past must swap its operand's axes."""
+  b = G.GraphBuilder(seed=0)
+  x = b.input((4, 6))
+  row_bias = b.add(b.matmul(x, b.weight((6, 5))), b.weight((1, 5), init="bias"))
+  batched = b.matmul(b.input((2, 4, 6)), b.weight((2, 6, 3)))
+  b.output(row_bias, batched)
+  graph, _ = b.build(capacity=64)
+  assert _count("matmul_transposed_bias", graph) == 0
+  assert _count("matmul_transposed", graph) == 1  # the rank-2 one only
+  b2 = G.GraphBuilder(seed=0)
+  t = b2.transpose(b2.input((6, 4)), (1, 0))
+  b2.output(b2.add(b2.matmul(t, b2.weight((6, 3))), b2.weight((3,), init="bias")))
+  assert _count("matmul_through_transpose_bias", b2.build(capacity=64)[0]) == 1
+  b3 = G.GraphBuilder(seed=0)
+  t3 = b3.transpose(b3.input((4, 6, 2)), (0, 2, 1))
+  b3.output(b3.matmul(t3, b3.weight((4, 6, 3))))
+  assert _count("matmul_through_transpose", b3.build(capacity=64)[0]) == 0
