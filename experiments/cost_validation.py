@@ -80,6 +80,8 @@ def main(argv: list[str]) -> None:
     key = tuple(graph.senders.shape) + tuple(graph.nodes["op"].shape)
     if key not in walkers:  # one compiled matcher per capacity
       walkers[key] = RewriteWalker()
+    if kernels is not None:
+      kernels.use_for(graph)  # the kernel timing a search of this model costs with
     res = validate.validate_model(graph, params, coeffs, name=name, walker=walkers[key],
                                   variants=_VARIANTS.value, neighbours=_NEIGHBOURS.value,
                                   max_steps=_MAX_STEPS.value, seed=_SEED.value,

@@ -146,6 +146,8 @@ def evaluate_graph(policy, spec, seen: str, graph, params, coeffs) -> list[dict[
   import time  # pylint: disable=g-import-not-at-top
   ruleset = policy.run.ruleset
   kernels = kernel_table.shared() if _KERNELS.value else None
+  if kernels is not None:
+    kernels.use_for(graph)  # one kernel timing for every graph of this model (as its searches)
   original = B.Outcome("original", graph, B.modelled_cost(graph, coeffs, kernels))
   outcomes = []
   for method, options in (("greedy", {"max_steps": _opt("greedy_steps")}),

@@ -12,10 +12,10 @@ import pytest
 from xrlflow_jax import cost, models, search
 from xrlflow_jax.cost import incremental, kernel_table
 from xrlflow_jax.cost import model as cost_model
-from xrlflow_jax.cost.profiler import TIMING, OpSignature, Profiler
+from xrlflow_jax.cost.profiler import LOOP_TIMING, TIMING, OpSignature, Profiler
 from xrlflow_jax.errors import XrlflowError
 from xrlflow_jax.graph import GraphBuilder, layout
-from xrlflow_jax.ops import Activation, Op
+from xrlflow_jax.ops import ATTR_WIDTH, Activation, Op
 from xrlflow_jax.rules import RuleSet
 from xrlflow_jax.rules.library import builtin_rules
 
@@ -301,3 +301,67 @@ def test_a_search_takes_the_same_path_whether_its_kernels_are_new_or_known(tmp_p
   assert ex.stats.kernels_added == 0 and ex.stats.kernel_recosted == 0
   assert [s.to_json() for s in warm.rewrites] == [s.to_json() for s in cold.rewrites]
   assert warm.rewrites, "the search must find something for the comparison to mean anything"
+
+
+# ---------------------------------------------------------------------------------------------
+# Streamed weights: MatMuls timed a call at a time where no weight is read twice.
+
+class _TwoTimings(_TableProfiler):
+  """Every kernel 1 ms an iteration of its hot loop, 3 ms a call (its weight streamed)."""
+
+  def __init__(self, cache_dir):
+    super().__init__(cache_dir, lambda s: 3.0)
+
+  def measure_kernels(self, sigs):
+    entries, errors = self.measure_many(sigs)
+    return ({k: {**e, "median_ms": 1.0, "call_ms": 0.0, "timing": LOOP_TIMING, "load": 1.0}
+             for k, e in entries.items()}, errors)
+
+
+def _two_matmuls(shared: bool):
+  """x [2, 8] @ w, tanh, @ w again (shared) or @ another weight."""
+  b = GraphBuilder(seed=0)
+  w = b.weight((8, 8))
+  h = b.matmul(b.input((2, 8)), w)
+  b.output(b.matmul(b.node(Op.TANH, [h]), w if shared else b.weight((8, 8))))
+  return b.build(capacity=32)
+
+
+def test_weights_read_once_choose_call_at_a_time_timing(tmp_path):
+  """A graph that reads each weight once is costed with MatMuls timed a call at a time; one
+  whose MatMuls share a weight (an unrolled RNN) with the hot loop's times; each timing keeps
+  its own table, and a search records which it used."""
+  once, params = _two_matmuls(shared=False)
+  shared, _ = _two_matmuls(shared=True)
+  assert kernel_table.weights_read_once(once) and not kernel_table.weights_read_once(shared)
+  times = kernel_table.KernelTimes(_TwoTimings(tmp_path))
+  assert times.use_for(shared) is False
+  times.add(shared)
+  assert set(times.ms.values()) == {1.0}
+  assert times.use_for(once) is True and times.needs_timing(once)
+  times.add(once)
+  assert np.allclose(list(times.ms.values()), 3.0 - 0.005)
+  table = times.table()
+  keys = np.asarray(jax.jit(cost_model.kernel_keys)(once))
+  g = layout.to_host(once)
+  mm = np.flatnonzero(g.nodes["alive"] & (g.nodes["op"] == Op.MATMUL))
+  hit, ms = cost_model.lookup_kernels(table, jnp.asarray(keys[mm]))
+  assert bool(jnp.all(hit)) and np.allclose(np.asarray(ms), 2.995)
+  assert times.use_for(shared) is False and set(times.ms.values()) == {1.0}  # kept
+  rs = RuleSet([r for r in builtin_rules() if r.name == "matmul_transposed"], max_locations=4)
+  found = search.optimize(once, params, "greedy", rs, cost.load_coefficients("cpu"),
+                          kernels=times, max_steps=2)
+  assert found.options["kernels_streamed"] is True and times.streamed
+
+
+def test_streamed_kernels_are_timed_a_call_at_a_time(tmp_path):
+  """The real profiler: `streamed` times a MatMul one call at a time (the empty call recorded
+  to be taken off), cached apart from its hot-loop entry."""
+  prof = Profiler(cache_dir=tmp_path, repeats=5, min_time_s=0.01)
+  sig = OpSignature("MatMul", (0,) * ATTR_WIDTH, ((4, 32), (32, 16)), ("float32", "float32"))
+  (called,) = prof.profile_kernels([sig], streamed=True)[0].values()
+  assert called["timing"] == TIMING and called["call_ms"] > 0
+  assert prof.current_kernel(sig, streamed=True) is not None
+  assert prof.current_kernel(sig) is None  # the hot loop's entry is another measurement
+  (looped,) = prof.profile_kernels([sig])[0].values()
+  assert looped["timing"] == LOOP_TIMING and looped["call_ms"] == 0.0

@@ -32,7 +32,8 @@ import numpy as np
 
 from xrlflow_jax.cost import model
 from xrlflow_jax.cost.profiler import OpSignature, Profiler, node_signature
-from xrlflow_jax.graph import layout
+from xrlflow_jax.graph import host, layout, transforms
+from xrlflow_jax.ops import Op
 
 DEFAULT_CAPACITY = 1024
 
@@ -55,24 +56,44 @@ class KernelTimes:
   Args:
     profiler: measures signatures (default `Profiler()`: this device, the on-disk cache).
     capacity: table size T; it doubles (a new compiled shape) when more kernels are known.
+    streamed: time MatMuls a call at a time (`profiler.STREAMED`) rather than in a hot loop;
+      `use_for(graph)` sets it for a graph. Each timing keeps its own table.
   Attributes:
     measured: signatures measured by this object (not found in the profiler's cache).
     seconds: wall time spent measuring (and reading the cache).
-    unmeasured: {key: reason} of kernels the profiler could not time alone (they keep the
-      model's estimate: `model.UNMEASURED_MS`).
+    ms: {key: measured ms} of the current timing; unmeasured: {key: reason} of kernels the
+      profiler could not time alone (they keep the model's estimate: `model.UNMEASURED_MS`).
   """
 
-  def __init__(self, profiler: Profiler | None = None, capacity: int = DEFAULT_CAPACITY):
+  def __init__(self, profiler: Profiler | None = None, capacity: int = DEFAULT_CAPACITY,
+               streamed: bool = False):
     self.profiler = profiler if profiler is not None else Profiler()
     self.capacity = int(capacity)
     self.call_ms = self.profiler.call_overhead()
-    self.ms: dict[int, float] = {}
+    self.streamed = bool(streamed)
+    self._ms: dict[bool, dict[int, float]] = {False: {}, True: {}}
+    self._unmeasured: dict[bool, dict[int, str]] = {False: {}, True: {}}
     self.signatures: dict[int, OpSignature] = {}
     self.measured = 0
     self.seconds = 0.0
-    self.unmeasured: dict[int, str] = {}
     self._keys = jax.jit(model.kernel_keys)
     self._table: model.KernelTable | None = None
+
+  @property
+  def ms(self) -> dict[int, float]:
+    return self._ms[self.streamed]
+
+  @property
+  def unmeasured(self) -> dict[int, str]:
+    return self._unmeasured[self.streamed]
+
+  def use_for(self, graph: layout.Graph) -> bool:
+    """Chooses the timing for searches of `graph` (streamed when no weight is read by two
+    MatMuls: `weights_read_once`) and returns it; the table served changes with it."""
+    streamed = weights_read_once(graph)
+    if streamed != self.streamed:
+      self.streamed, self._table = streamed, None
+    return streamed
 
   def __len__(self) -> int:
     return len(self.ms)
@@ -111,7 +132,7 @@ class KernelTimes:
   def needs_timing(self, graph: layout.Graph) -> bool:
     """Whether `add(graph)` would time a kernel: one the table lacks that the profiler's cache
     does not hold either."""
-    return any(self.profiler.current_kernel(sig) is None
+    return any(self.profiler.current_kernel(sig, self.streamed) is None
                for sig in self.missing(graph).values())
 
   def add(self, graph: layout.Graph) -> int:
@@ -122,7 +143,7 @@ class KernelTimes:
       return 0
     t = time.perf_counter()
     before = self.profiler.measure_count
-    entries, errors = self.profiler.profile_kernels(todo.values())
+    entries, errors = self.profiler.profile_kernels(todo.values(), streamed=self.streamed)
     for key, sig in todo.items():
       self.signatures[key] = sig
       if sig.key in errors:  # e.g. too big for memory alone: the roofline estimates it
@@ -144,6 +165,26 @@ class KernelTimes:
             **({"unmeasured": self.unmeasured[k]} if k in self.unmeasured else {})}
            for k in self.ms]
     return sorted(out, key=lambda r: -r["ms"])
+
+
+def weights_read_once(graph: layout.Graph) -> bool:
+  """Whether no constant (a weight, or one folded from weights) is read by two live MatMuls:
+  each weight then streams into cache once a call, as a transformer's do, and a hot loop over
+  one MatMul (which keeps its weight in cache) would misjudge it (`profiler.STREAMED`).
+  Constants that compute the same value count as one (`host.constant_classes`)."""
+  g = layout.to_host(graph)
+  nd = g.nodes
+  table = layout.input_table(g)
+  order = [int(v) for v in host.topological_order(g)]
+  canon = host.constant_classes(g, order)
+  readers: dict[int, int] = {}
+  live = np.asarray(transforms.live_nodes(g))
+  for v in np.flatnonzero(live & (nd["op"] == int(Op.MATMUL)) & ~nd["is_constant"]):
+    for u in {canon.get(int(u), int(u)) for u in table[v] if u >= 0 and nd["is_constant"][u]}:
+      readers[u] = readers.get(u, 0) + 1
+      if readers[u] > 1:
+        return False
+  return True
 
 
 _SHARED: dict[str, KernelTimes] = {}

@@ -82,6 +82,16 @@ PROBE_ITERATIONS = 4  # a first guess of the iteration time, to choose the count
 # loaded after that record their `load` and are measured again when next needed.
 LOADED = 0.15
 RETAKES = 2
+# Streamed: a hot loop reads the same weight every iteration, so it times a MatMul whose weight
+# is cache-resident (and, for x @ w, packed once): right for an unrolled RNN that reads each
+# weight at every step, wrong for a transformer that reads each of hundreds of MBs of weights
+# once a call. Measured in plain JAX (2-core x86_64, XLA:CPU, 2026-12-06): 16x768 @ 768x2048
+# took 0.25 ms an iteration of the loop but 0.47 ms a call, and 0.63 ms each of 8 with distinct
+# weights in one program (0.34 ms each with one shared weight); its transposed form
+# [2048, 768] @ [768, 16] 0.35 ms in the loop, 0.39 a call and 0.45 with distinct weights, so
+# the loop ranked the two forms backwards. `profile_kernels(streamed=True)` times every kernel
+# a call at a time (less the empty call) instead; `kernel_table.KernelTimes.use_for` chooses
+# it for a graph none of whose weights two MatMuls read.
 
 
 class ProfileError(XrlflowError):
@@ -444,30 +454,32 @@ class Profiler:
       errors.update(err)
     return entries, errors
 
-  def current_kernel(self, sig: OpSignature) -> dict[str, Any] | None:
+  def current_kernel(self, sig: OpSignature, streamed: bool = False) -> dict[str, Any] | None:
     """The cached entry `profile_kernels` would return for `sig` (its hot-loop entry for a
-    MatMul, else its call-at-a-time one), or None when it must be measured."""
-    if not _loopable(sig):
+    MatMul unless `streamed`, else its call-at-a-time one), or None when it must be measured."""
+    if streamed or not _loopable(sig):
       return self.current(sig)
     entry = self.cache.get(LOOP_PREFIX + sig.key)
     if entry is None or entry.get("timing") != LOOP_TIMING:
       return None
     return None if entry.get("load", 1.0) > 1 + LOADED else entry
 
-  def profile_kernels(self, sigs: Iterable[OpSignature], *, save: bool = True
+  def profile_kernels(self, sigs: Iterable[OpSignature], *, save: bool = True,
+                      streamed: bool = False
                       ) -> tuple[dict[str, dict[str, Any]], dict[str, XrlflowError]]:
     """Per-iteration times of kernels run back to back in one executable (a loop whose every
     iteration reads the last one's output, so XLA can neither hoist nor drop the op), timed
     like `profile_many` (`BATCH` at a time, interleaved rounds with an empty call, the median
     of the round medians) and cached under `LOOP_PREFIX`. MatMuls (`LOOP_OPS`) with a float data
-    operand only; others (convolutions) are timed one call at a time (`profile_many`).
+    operand only; others (convolutions), and every kernel when `streamed`, are timed one call
+    at a time (`profile_many`; see `STREAMED`).
 
     Returns:
       ({sig.key: entry}, {sig.key: error}); entry["median_ms"] is the time of one iteration
       (the empty call already taken off, so entry["call_ms"] is 0).
     """
     sigs = list(dict.fromkeys(sigs))
-    loopable = [s for s in sigs if _loopable(s)]
+    loopable = [] if streamed else [s for s in sigs if _loopable(s)]
     entries, errors = self._profile([s for s in sigs if s not in loopable], loop=False,
                                     save=save)
     looped, loop_errors = self._profile(loopable, loop=True, save=save)

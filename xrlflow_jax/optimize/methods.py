@@ -156,6 +156,8 @@ def run_ppo(loaded: Loaded, coeffs: cost.CostCoefficients, *, budget: int | None
   `kernels`, measuring what training's table lacked). The Found carries up to `checkpoints`
   prefixes of its path for the measured guard, as `run_search`'s."""
   config = ppo_config(budget, seed, rules)
+  if kernels is not None:
+    kernels.use_for(loaded.graph)  # training's environment costs with the same timing
   if not rules:
     config.env.rules = default_ppo_rules(loaded.graph, int(config.env.max_locations))
   ruleset = _ruleset(config.env.rules, int(config.env.max_locations))

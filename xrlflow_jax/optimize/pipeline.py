@@ -227,7 +227,9 @@ def optimize_model(source: str = DEFAULT_MODEL, *, method: str = "ppo", size: st
   if kernels is not None:
     found.details["cost_model"] = (
         f"measured kernel table ({len(kernels)} kernels known, "
-        f"{kernels.measured} measured in this process)")
+        f"{kernels.measured} measured in this process; MatMuls timed "
+        + ("a call at a time: each weight is read once)" if kernels.streamed
+           else "in a hot loop: MatMuls share weights)"))
   else:
     found.details["cost_model"] = "roofline"
   times["search"] = time.perf_counter() - t

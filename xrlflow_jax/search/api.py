@@ -142,6 +142,8 @@ def optimize(graph: layout.Graph, params: ParamStore, method: str = "taso",
     missing = [k for k in ("agent", "network_params") if options.get(k) is None]
     if missing:
       raise SearchError(f"method 'policy' needs {' and '.join(m + '=' for m in missing)}")
+  if expander.kernels is not None:
+    expander.kernels.use_for(graph)  # the kernel timing that fits the graph's weights
   compilation_cache.enable()
   expander.plan(expected_expansions(method, options), fast_compile=fast_compile)
   expander.prepare(graph)  # compiles in the background while the driver starts
@@ -159,6 +161,7 @@ def optimize(graph: layout.Graph, params: ParamStore, method: str = "taso",
     result.options["kernel_seconds"] = expander.stats.kernel_seconds - kernel_before
     result.options["kernels"] = len(expander.kernels)
     result.options["kernels_measured"] = expander.kernels.measured
+    result.options["kernels_streamed"] = expander.kernels.streamed
   return result
 
 
