@@ -295,3 +295,23 @@ def test_transposed_matmul_rules_near_misses():
   t3 = b3.transpose(b3.input((4, 6, 2)), (0, 2, 1))
   b3.output(b3.matmul(t3, b3.weight((4, 6, 3))))
   assert _count("matmul_through_transpose", b3.build(capacity=64)[0]) == 0
+
+
+def test_transposed_matmul_graph_exports_to_valid_onnx(tmp_path):
+  """A linear chain run transposed exports to ONNX (the transposed weights folded into
+  initializers) and onnxruntime computes the original's output."""
+  ort = pytest.importorskip("onnxruntime")
+  from xrlflow_jax import onnx_io  # pylint: disable=g-import-not-at-top
+  import onnx  # pylint: disable=g-import-not-at-top
+  graph, params = _linear_chain()
+  rs = RuleSet([r for r in builtin_rules() if r.name == "matmul_transposed_bias"], max_locations=8)
+  m = rs.jit_match(graph)
+  new, ok = rs.apply(graph, 0, m.nodes[0, int(np.flatnonzero(np.asarray(m.mask[0]))[0])])
+  assert bool(ok)
+  model = onnx_io.to_model(new, params)
+  onnx.checker.check_model(model, full_check=True)
+  assert {n.op_type for n in model.graph.node} >= {"MatMul", "Transpose"}
+  x = np.random.default_rng(0).standard_normal((8, 16)).astype(np.float32)
+  sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+  (got,) = sess.run(None, {sess.get_inputs()[0].name: x})
+  np.testing.assert_allclose(got, executor.run(graph, params, x)[0], rtol=1e-4, atol=1e-5)

@@ -17,7 +17,8 @@ Times are the profiler's (`Profiler.profile_kernels`: MatMuls per iteration of a
 convolutions a call at a time less the cost of an empty call timed in the same rounds, which
 the model adds once per graph; each the median of its interleaved rounds' medians), and never
 change once in the table: a cost computed when all of a graph's kernels were known stays valid
-as the table grows.
+as the table grows. A graph whose weights are each read once (a transformer's) is costed with
+MatMuls timed a call at a time too (`KernelTimes.use_for`, `profiler.STREAMED`): its own table.
 """
 
 from __future__ import annotations

@@ -95,9 +95,10 @@ def optimize(graph: layout.Graph, params: ParamStore, method: str = "taso",
       the shipped fit, or a calibration made on first use).
     expander: a compiled Expander to reuse (overrides ruleset, coeffs and kernels).
     kernels: measured kernel times (`cost.KernelTimes`): MatMuls and convolutions cost what
-      they measure on this device (new ones are measured as the search meets them); None:
-      the model's roofline. The result's options record the table's size and the time spent
-      measuring (`kernel_seconds`).
+      they measure on this device (new ones are measured as the search meets them), timed as
+      `graph`'s weights are read (`KernelTimes.use_for`: a call at a time where each weight
+      is read once); None: the model's roofline. The result's options record the table's
+      size, the time spent measuring (`kernel_seconds`) and the timing (`kernels_streamed`).
     measure: time the input and the best graph side by side and return the input unless the
       best is measured significantly faster (`measure.compare`; else the guard uses the
       modelled cost).

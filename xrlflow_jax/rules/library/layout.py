@@ -13,12 +13,13 @@ Transposes here are the rank-4 perms TO_NHWC = (0, 2, 3, 1) and TO_NCHW = (0, 3,
 the elementwise and concat rules move any perm.
 
 MatMuls have a layout choice too: x [M, K] @ w [K, N] can be computed transposed, as
-T(w) [N, K] @ T(x) [K, M] -> [N, M], with the (folded) weight as the left operand. XLA:CPU's
-dot packs its right operand on every call; with few rows (M = 16-64) and a large weight that
-packing is a large share of the dot, and the transposed form measured 0.65-0.85x the time
-(plain JAX on the project's 2-core CPU; slower for M = 1 and M = 197). XLA folds a transpose
-that directly reads a dot back into the dot (the original form), so the rules that start
-a transposed MatMul take the bias add after it along (`matmul_transposed_bias`), and a chain
+T(w) [N, K] @ T(x) [K, M] -> [N, M], with the (folded) weight as the left operand. With few
+rows (M = 16-64) and a large weight the transposed form measured 0.65-0.85x the time of
+x @ w (plain JAX on the project's 2-core CPU; slower for M = 1 and M = 197; our reading:
+XLA:CPU's dot library repacks its right operand on every call). XLA would fold a transpose
+that directly reads a dot back into the dot (the original form); the executor keeps the dot
+as written (`executor._pinned_dots`). `matmul_transposed_bias` takes the bias add after a
+MatMul along, and a chain
 of linear layers keeps the transposed layout through activations
 (`unary_through_transpose`), bias and scale vectors (`*_through_transpose_and_vector`) and the
 next MatMul (`matmul_*through_transpose*`).
