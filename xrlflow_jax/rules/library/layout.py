@@ -239,24 +239,37 @@ def binary_through_transposes(op: Op) -> Rule:
   return r.build()
 
 
-def binary_through_transpose_and_constant(op: Op, transposed_first: bool) -> Rule:
+def binary_through_transpose_and_constant(op: Op, transposed_first: bool,
+                                          vector: bool = False) -> Rule:
   """T_p(a) op c -> T_p(a op T_p^-1(c)) (or c op T_p(a)) for a constant c of a's rank: the
-  constant's transpose is folded when the graph is lowered."""
+  constant's transpose is folded when the graph is lowered. `vector`: c is a constant vector
+  [n] and T swaps the axes of a rank-2 a, so T(a) op c -> T(a op c[:, None]): a bias or scale
+  carried along a transposed MatMul chain."""
   low = op.name.lower()
-  name = f"{low}_through_transpose_" + ("and_constant" if transposed_first else "after_constant")
+  kind = "vector" if vector else "constant"
+  name = f"{low}_through_transpose_" + (f"and_{kind}" if transposed_first else f"after_{kind}")
   def ex(b, rng):
-    t, _ = _random_transposed(b, rng)
-    shape = tuple(1 if rng.random() < 0.5 else d for d in t.shape)
-    c = b.weight(shape) if op != Op.DIV else b.constant(
-        rng.uniform(0.5, 2.0, shape).astype(np.float32))
+    if vector:
+      m, n = (int(v) for v in rng.integers(1, 6, size=2))
+      t, c = b.transpose(b.input((n, m)), SWAP), b.weight((n,), init="bias")
+    else:
+      t, _ = _random_transposed(b, rng)
+      shape = tuple(1 if rng.random() < 0.5 else d for d in t.shape)
+      c = b.weight(shape) if op != Op.DIV else b.constant(
+          rng.uniform(0.5, 2.0, shape).astype(np.float32))
     return [b.node(op, [t, c] if transposed_first else [c, t])]
+  how = "as a column" if vector else "transposing it"
   r = RuleBuilder(name, FAMILY, example=ex, layout_aware=True,
-                  description=f"move a transpose past {low} with a constant, transposing it")
+                  description=f"move a transpose past {low} with a {kind}, {how}")
   a, c = r.var("a"), r.var("c", const=True)
   t = r.src(Op.TRANSPOSE, a, keep=True)
   f = r.src(op, t, c) if transposed_first else r.src(op, c, t)
-  r.where(lambda m: m.rank(a) == m.rank(c))
-  ct = r.dst(Op.TRANSPOSE, c, perm=lambda m: _inverse_perm(m, t, a))
+  if vector:
+    r.where(lambda m: _is_swap(m, t) & (m.rank(c) == 1))
+    ct = r.dst(Op.RESHAPE, c, shape=lambda m: _column(m, c), rank=2)
+  else:
+    r.where(lambda m: m.rank(a) == m.rank(c))
+    ct = r.dst(Op.TRANSPOSE, c, perm=lambda m: _inverse_perm(m, t, a))
   inner = r.dst(op, a, ct, like=f) if transposed_first else r.dst(op, ct, a, like=f)
   r.replace(f, r.dst(Op.TRANSPOSE, inner, like=t))
   return r.build()
@@ -325,28 +338,6 @@ def matmul_transposed(bias: bool, through: bool) -> Rule:
   return r.build()
 
 
-def binary_through_transpose_and_vector(op: Op, transposed_first: bool) -> Rule:
-  """T(a) op c -> T(a op c[:, None]) for a rank-2 a, its axes swapped, and a constant vector c
-  (or c op T(a)): a bias or scale carried along a transposed MatMul chain."""
-  low = op.name.lower()
-  name = f"{low}_through_transpose_" + ("and_vector" if transposed_first else "after_vector")
-  def ex(b, rng):
-    m, n = (int(v) for v in rng.integers(1, 6, size=2))
-    t = b.transpose(b.input((n, m)), SWAP)
-    c = b.weight((n,), init="bias")
-    return [b.node(op, [t, c] if transposed_first else [c, t])]
-  r = RuleBuilder(name, FAMILY, example=ex, layout_aware=True,
-                  description=f"move a transpose past {low} with a vector, as a column")
-  a, c = r.var("a"), r.var("c", const=True)
-  t = r.src(Op.TRANSPOSE, a, keep=True)
-  f = r.src(op, t, c) if transposed_first else r.src(op, c, t)
-  r.where(lambda m: _is_swap(m, t) & (m.rank(c) == 1))
-  col = r.dst(Op.RESHAPE, c, shape=lambda m: _column(m, c), rank=2)
-  inner = r.dst(op, a, col, like=f) if transposed_first else r.dst(op, col, a, like=f)
-  r.replace(f, r.dst(Op.TRANSPOSE, inner, like=t))
-  return r.build()
-
-
 def rules() -> list[Rule]:
   """Every layout rule."""
   out = [conv_to_nhwc(False), conv_to_nhwc(True), conv_through_transpose(False),
@@ -358,6 +349,6 @@ def rules() -> list[Rule]:
             binary_through_transpose_and_constant(op, False)]
   out += [concat_through_transposes(n) for n in CONCAT_INPUTS]
   out += [matmul_transposed(bias, through) for through in (False, True) for bias in (False, True)]
-  out += [binary_through_transpose_and_vector(op, first) for op in VECTOR_OPS
+  out += [binary_through_transpose_and_constant(op, first, vector=True) for op in VECTOR_OPS
           for first in (True, False)]
   return out
