@@ -191,9 +191,7 @@ def benchmark_model(spec, ruleset, ppo_ruleset, coeffs, methods: list[str],
   G.validate(graph, params)
   # As the optimise job: rules whose source ops cannot occur in this graph are not compiled.
   ruleset, ppo_ruleset = (workflow.that_can_fire(r, [graph]) for r in (ruleset, ppo_ruleset))
-  kernels = kernel_table.shared() if _KERNELS.value else None
-  if kernels is not None:
-    kernels.use_for(graph)  # one kernel timing for every graph of this model (as its searches)
+  kernels = kernel_table.shared(graph) if _KERNELS.value else None  # the timing its searches use
   original = B.Outcome("original", graph, B.modelled_cost(graph, coeffs, kernels))
   print(f"\n## {spec.label}: {G.num_nodes(graph)} nodes, capacity {G.capacity(graph)}, "
         f"modelled {original.modelled_cost:.4f} ms; {len(ruleset)} rules can fire", flush=True)

@@ -145,9 +145,7 @@ def evaluate_graph(policy, spec, seen: str, graph, params, coeffs) -> list[dict[
   """Baselines and the policy on one graph, measured side by side: report rows."""
   import time  # pylint: disable=g-import-not-at-top
   ruleset = policy.run.ruleset
-  kernels = kernel_table.shared() if _KERNELS.value else None
-  if kernels is not None:
-    kernels.use_for(graph)  # one kernel timing for every graph of this model (as its searches)
+  kernels = kernel_table.shared(graph) if _KERNELS.value else None  # the timing its searches use
   original = B.Outcome("original", graph, B.modelled_cost(graph, coeffs, kernels))
   outcomes = []
   for method, options in (("greedy", {"max_steps": _opt("greedy_steps")}),

@@ -2,12 +2,12 @@
 
 The per-op profiler (`profiler`) times each op alone; this module times the graph as XLA
 compiled it, fusions and all, so it answers "how much of this model's time could a rewrite
-save at most without making a dot or convolution faster". The graph is compiled once with per-kernel trace events
-(on XLA:CPU the `xla_cpu_enable_xprof_traceme` option), run `runs` times under
-`jax.profiler.trace`, and every event that names an HLO instruction of this executable (its
-`hlo_op` argument, else its name) is summed per instruction. Checked on XLA:CPU only: a
-backend whose trace names no instruction raises `FusionProfileError`. Each instruction is classified from the HLO ops it
-runs (a fusion's called computations included):
+save at most without making a dot or convolution faster". The graph is compiled once with
+per-kernel trace events (on XLA:CPU the `xla_cpu_enable_xprof_traceme` option), run `runs`
+times under `jax.profiler.trace`, and every event that names an HLO instruction of this
+executable (its `hlo_op` argument, else its name) is summed per instruction. Checked on XLA:CPU
+only: a backend whose trace names no instruction raises `FusionProfileError`. Each instruction
+is classified from the HLO ops it runs (a fusion's called computations included):
 
   dot          it contains a `dot` (matmul, batched matmul, or a library fusion around one)
   convolution  it contains a `convolution`

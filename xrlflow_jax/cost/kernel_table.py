@@ -18,7 +18,8 @@ convolutions a call at a time less the cost of an empty call timed in the same r
 the model adds once per graph; each the median of its interleaved rounds' medians), and never
 change once in the table: a cost computed when all of a graph's kernels were known stays valid
 as the table grows. A graph whose weights are each read once (a transformer's) is costed with
-MatMuls timed a call at a time too (`KernelTimes.use_for`, `profiler.STREAMED`): its own table.
+MatMuls timed a call at a time too, in a table of its own (`KernelTimes.use_for`,
+`Profiler.profile_kernels(streamed=True)`).
 """
 
 from __future__ import annotations
@@ -57,8 +58,9 @@ class KernelTimes:
   Args:
     profiler: measures signatures (default `Profiler()`: this device, the on-disk cache).
     capacity: table size T; it doubles (a new compiled shape) when more kernels are known.
-    streamed: time MatMuls a call at a time (`profiler.STREAMED`) rather than in a hot loop;
-      `use_for(graph)` sets it for a graph. Each timing keeps its own table.
+    streamed: time MatMuls a call at a time (`Profiler.profile_kernels(streamed=True)`)
+      rather than in a hot loop; `use_for(graph)` sets it for a graph. Each timing keeps its
+      own table.
   Attributes:
     measured: signatures measured by this object (not found in the profiler's cache).
     seconds: wall time spent measuring (and reading the cache).
@@ -171,7 +173,8 @@ class KernelTimes:
 def weights_read_once(graph: layout.Graph) -> bool:
   """Whether no constant (a weight, or one folded from weights) is read by two live MatMuls:
   each weight then streams into cache once a call, as a transformer's do, and a hot loop over
-  one MatMul (which keeps its weight in cache) would misjudge it (`profiler.STREAMED`).
+  one MatMul (which keeps its weight in cache) would misjudge it
+  (`Profiler.profile_kernels(streamed=True)`).
   Constants that compute the same value count as one (`host.constant_classes`)."""
   g = layout.to_host(graph)
   nd = g.nodes
@@ -191,10 +194,14 @@ def weights_read_once(graph: layout.Graph) -> bool:
 _SHARED: dict[str, KernelTimes] = {}
 
 
-def shared() -> KernelTimes:
+def shared(graph: layout.Graph | None = None) -> KernelTimes:
   """This process's kernel table for JAX's default device (one per device kind, the
-  profiler's default cache): repeated jobs share what was measured and the compiled code."""
+  profiler's default cache): repeated jobs share what was measured and the compiled code.
+  `graph`: a model every graph costed next belongs to; the table times kernels as it reads
+  its weights (`KernelTimes.use_for`), as a search of it does."""
   kind = jax.devices()[0].device_kind
   if kind not in _SHARED:
     _SHARED[kind] = KernelTimes()
+  if graph is not None:
+    _SHARED[kind].use_for(graph)
   return _SHARED[kind]

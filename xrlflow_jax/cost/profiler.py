@@ -82,16 +82,16 @@ PROBE_ITERATIONS = 4  # a first guess of the iteration time, to choose the count
 # loaded after that record their `load` and are measured again when next needed.
 LOADED = 0.15
 RETAKES = 2
-# Streamed: a hot loop reads the same weight every iteration, so it times a MatMul whose weight
-# is cache-resident (and, for x @ w, packed once): right for an unrolled RNN that reads each
-# weight at every step, wrong for a transformer that reads each of hundreds of MBs of weights
-# once a call. Measured in plain JAX (2-core x86_64, XLA:CPU, 2026-12-06): 16x768 @ 768x2048
-# took 0.25 ms an iteration of the loop but 0.47 ms a call, and 0.63 ms each of 8 with distinct
-# weights in one program (0.34 ms each with one shared weight); its transposed form
-# [2048, 768] @ [768, 16] 0.35 ms in the loop, 0.39 a call and 0.45 with distinct weights, so
-# the loop ranked the two forms backwards. `profile_kernels(streamed=True)` times every kernel
-# a call at a time (less the empty call) instead; `kernel_table.KernelTimes.use_for` chooses
-# it for a graph none of whose weights two MatMuls read.
+# Streamed timing (`profile_kernels(streamed=True)`): a hot loop reads the same weight every
+# iteration, so it times a MatMul whose weight is cache-resident (and, for x @ w, packed once):
+# right for an unrolled RNN that reads each weight at every step, wrong for a transformer that
+# reads each of hundreds of MBs of weights once a call. Measured in plain JAX (2-core x86_64,
+# XLA:CPU, 2026-12-06): 16x768 @ 768x2048 took 0.25 ms an iteration of the loop but 0.47 ms a
+# call, and 0.63 ms each of 8 with distinct weights in one program (0.34 ms each with one shared
+# weight); its transposed form [2048, 768] @ [768, 16] 0.35 ms in the loop, 0.39 a call and
+# 0.45 with distinct weights, so the loop ranked the two forms backwards. Streamed, every kernel
+# is timed a call at a time (less the empty call) instead; `kernel_table.KernelTimes.use_for`
+# chooses it for a graph none of whose weights two MatMuls read.
 
 
 class ProfileError(XrlflowError):
@@ -472,7 +472,7 @@ class Profiler:
     like `profile_many` (`BATCH` at a time, interleaved rounds with an empty call, the median
     of the round medians) and cached under `LOOP_PREFIX`. MatMuls (`LOOP_OPS`) with a float data
     operand only; others (convolutions), and every kernel when `streamed`, are timed one call
-    at a time (`profile_many`; see `STREAMED`).
+    at a time (`profile_many`; see the note on streamed timing above `ProfileError`).
 
     Returns:
       ({sig.key: entry}, {sig.key: error}); entry["median_ms"] is the time of one iteration

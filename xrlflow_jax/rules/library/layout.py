@@ -34,6 +34,7 @@ import numpy as np
 
 from xrlflow_jax.ops import MAX_RANK as R
 from xrlflow_jax.ops import Layout, Op
+from xrlflow_jax.rules.library.fusion import reshape_attrs
 from xrlflow_jax.rules.pattern import MatchView, Ref, Rule, RuleBuilder
 
 FAMILY = "layout"
@@ -53,8 +54,8 @@ def _perm_attr(perm: tuple[int, ...]) -> tuple[int, ...]:
 
 
 def _is_perm(m: MatchView, t: Ref, perm: tuple[int, ...]) -> jnp.ndarray:
-  """The transpose `t` is rank 4 with exactly `perm`."""
-  return (m.rank(t) == 4) & jnp.all(m.attr(t, "perm") == jnp.asarray(_perm_attr(perm)))
+  """The transpose `t` is of rank len(perm) with exactly `perm`."""
+  return (m.rank(t) == len(perm)) & jnp.all(m.attr(t, "perm") == jnp.asarray(_perm_attr(perm)))
 
 
 def _nchw(m: MatchView, ref: Ref) -> jnp.ndarray:
@@ -70,15 +71,9 @@ def _inverse_perm(m: MatchView, t: Ref, x: Ref) -> jnp.ndarray:
   return jnp.where(pos < m.rank(x), inv, 0)
 
 
-def _is_swap(m: MatchView, t: Ref) -> jnp.ndarray:
-  """The transpose `t` swaps the two axes of a rank-2 tensor."""
-  return (m.rank(t) == 2) & jnp.all(m.attr(t, "perm") == jnp.asarray(_perm_attr(SWAP)))
-
-
-def _column(m: MatchView, c: Ref) -> jnp.ndarray:
-  """The shape attribute of c [n] reshaped to a column [n, 1]."""
-  return jnp.concatenate([jnp.ones([R - 2], jnp.int32),
-                          jnp.stack([m.dim(c, 0), jnp.asarray(1)]).astype(jnp.int32)])
+def _column(c: Ref) -> dict:
+  """The attributes of a Reshape of a vector c [n] to a column [n, 1]."""
+  return reshape_attrs(lambda m: [m.dim(c, 0), 1], 2)
 
 
 # ---------------------------------------------------------------------------------- examples
@@ -265,8 +260,8 @@ def binary_through_transpose_and_constant(op: Op, transposed_first: bool,
   t = r.src(Op.TRANSPOSE, a, keep=True)
   f = r.src(op, t, c) if transposed_first else r.src(op, c, t)
   if vector:
-    r.where(lambda m: _is_swap(m, t) & (m.rank(c) == 1))
-    ct = r.dst(Op.RESHAPE, c, shape=lambda m: _column(m, c), rank=2)
+    r.where(lambda m: _is_perm(m, t, SWAP) & (m.rank(c) == 1))
+    ct = r.dst(Op.RESHAPE, c, **_column(c))
   else:
     r.where(lambda m: m.rank(a) == m.rank(c))
     ct = r.dst(Op.TRANSPOSE, c, perm=lambda m: _inverse_perm(m, t, a))
@@ -324,7 +319,7 @@ def matmul_transposed(bias: bool, through: bool) -> Rule:
   def ok(m: MatchView) -> jnp.ndarray:
     good = (m.rank(x) == 2) & (m.rank(w) == 2)
     if through:
-      good = good & _is_swap(m, t)
+      good = good & _is_perm(m, t, SWAP)
     if bias:
       good = good & (m.rank(c) == 1)
     return good
@@ -333,7 +328,7 @@ def matmul_transposed(bias: bool, through: bool) -> Rule:
   xt = x if through else r.dst(Op.TRANSPOSE, x, perm=_perm_attr(SWAP))
   y = r.dst(Op.MATMUL, wt, xt, like=mm)
   if bias:
-    y = r.dst(Op.ADD, y, r.dst(Op.RESHAPE, c, shape=lambda m: _column(m, c), rank=2))
+    y = r.dst(Op.ADD, y, r.dst(Op.RESHAPE, c, **_column(c)))
   r.replace(root, r.dst(Op.TRANSPOSE, y, perm=_perm_attr(SWAP)))
   return r.build()
 
