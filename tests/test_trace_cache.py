@@ -233,6 +233,43 @@ def test_a_search_in_a_new_process_loads_its_traces_and_finds_the_same(tmp_path,
     assert second[key] == first[key], key
 
 
+_WITHOUT_FLATBUFFERS = """
+import importlib.abc, json, sys
+class Block(importlib.abc.MetaPathFinder):
+  def find_spec(self, name, path=None, target=None):
+    if name == "flatbuffers" or name.startswith("flatbuffers."):
+      raise ImportError("No module named 'flatbuffers' (blocked by the test)")
+    return None
+sys.meta_path.insert(0, Block())
+sys.modules.pop("flatbuffers", None)
+import jax
+jax.config.update("jax_compilation_cache_dir", sys.argv[1])
+import numpy as np
+from xrlflow_jax import trace_cache
+f = trace_cache.PersistentJit(lambda x: x * 2 + 1, "test.noflatbuffers")
+a = f(np.arange(3, dtype=np.float32)); b = f(np.ones(5, np.float32))
+print(json.dumps({"out": np.asarray(a).tolist() + np.asarray(b).tolist(), "traces": f.traces,
+                  "dir": trace_cache.directory() is None}))
+"""
+
+
+def test_without_flatbuffers_traces_are_not_stored_and_calls_still_work(tmp_path):
+  """An environment that cannot serialize an export (no flatbuffers): one note on stderr,
+  every call an ordinary jit, nothing written, no traceback."""
+  env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+  env.pop("XRLFLOW_COMPILATION_CACHE", None)
+  done = subprocess.run([sys.executable, "-c", _WITHOUT_FLATBUFFERS, str(tmp_path)],
+                        capture_output=True, text=True, cwd=ROOT, env=env, timeout=300,
+                        check=False)
+  assert done.returncode == 0, done.stderr[-3000:]
+  out = json.loads(done.stdout.strip().splitlines()[-1])
+  assert out == {"out": [1.0, 3.0, 5.0, 3.0, 3.0, 3.0, 3.0, 3.0], "traces": 2, "dir": True}
+  notes = [line for line in done.stderr.splitlines() if line.startswith("note: ")]
+  assert len(notes) == 1 and "flatbuffers" in notes[0], done.stderr
+  assert "Traceback" not in done.stderr
+  assert not list(tmp_path.rglob("*.bin"))
+
+
 def test_old_entries_are_pruned(cache_dir, monkeypatch):
   monkeypatch.setattr(trace_cache, "MAX_ENTRIES", 2)
   monkeypatch.setattr(trace_cache._prune, "__defaults__", (2,))
@@ -323,8 +360,8 @@ print(float(jax.jit(lambda x: jnp.tanh(x) * 2.0 + 1.0)(jnp.arange(3.0)).sum()), 
 
 
 def test_the_persistent_cache_keeps_executables_that_compile_in_milliseconds(tmp_path):
-  """`compilation_cache.enable` writes every executable, however fast it compiled (the default
-  job's ~60 small helpers cost it ~1.5 s per warm run when they were skipped): a second process
+  """`compilation_cache.enable` writes every executable, however fast it compiled (skipping the
+  default job's ~60 small helpers would cost it ~1.5 s per warm run): a second process
   loads a tiny function's executable from the cache instead of compiling it."""
   runs = []
   for _ in range(2):

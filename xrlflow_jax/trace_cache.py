@@ -272,10 +272,26 @@ def _options() -> tuple[str, ...]:
           str(jax.config.jax_numpy_dtype_promotion), str(precision.current()))
 
 
+@functools.cache
+def serialization_available() -> bool:
+  """Whether `jax.export` can serialize here (it needs the flatbuffers package, a declared
+  dependency); when it cannot, one note goes to stderr and traced functions are not stored."""
+  try:
+    from jax._src.export import serialization  # pylint: disable=g-import-not-at-top,unused-import
+  except ImportError as e:
+    print(f"note: traced functions are not kept on disk ({e}); each process traces afresh",
+          file=sys.stderr)
+    return False
+  return True
+
+
 def directory() -> Path | None:
-  """Where traced functions are stored (None: the compilation cache, and so this, is off)."""
+  """Where traced functions are stored (None: the compilation cache, and so this, is off, or
+  this environment cannot serialize an export)."""
   base = compilation_cache.directory()
-  return base / SUBDIR if base is not None else None
+  if base is None or not serialization_available():
+    return None
+  return base / SUBDIR
 
 
 def _leaf_key(leaf: Any) -> tuple[Any, ...]:

@@ -19,6 +19,7 @@ import onnx
 from onnx import numpy_helper
 
 from xrlflow_jax import executor
+from xrlflow_jax.errors import UsageError
 from xrlflow_jax.onnx_io import weights
 from xrlflow_jax.onnx_io.importer import _Importer, read_model
 
@@ -103,7 +104,11 @@ def compare_with_onnxruntime(source: Any, *, seed: int = 0,
   Returns:
     A `Comparison`.
   """
-  import onnxruntime as ort  # pylint: disable=g-import-not-at-top
+  try:
+    import onnxruntime as ort  # pylint: disable=g-import-not-at-top
+  except ImportError:
+    raise UsageError("comparing with onnxruntime needs the onnxruntime package "
+                     "(pip install onnxruntime, or the test extra)") from None
 
   model, label, base_dir = read_model(source)
   onnx_nodes = len(model.graph.node)
