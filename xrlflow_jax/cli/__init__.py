@@ -41,4 +41,7 @@ def run(argv: Sequence[str] | None = None) -> None:
     raise SystemExit(2)
   from absl import app  # pylint: disable=g-import-not-at-top
   module = importlib.import_module(COMMANDS[name][0])
+  main_module = sys.modules.get("__main__")
+  if main_module is not None:  # absl's --help prints the main module's docstring
+    main_module.__doc__ = module.__doc__
   app.run(module.main, argv=[f"xrlflow {name}"] + argv[2:])
