@@ -8,6 +8,9 @@ default path is one slow test.
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import jax
@@ -287,6 +290,30 @@ def _run_main(argv: list[str]):
     return cli.main(rest)
   finally:
     flags.FLAGS.unparse_flags()
+
+
+def test_console_script_lists_its_commands_and_refuses_unknown_ones(capsys):
+  from xrlflow_jax import cli  # pylint: disable=g-import-not-at-top
+  for argv, code in ((["xrlflow"], 2), (["xrlflow", "--help"], 0)):
+    with pytest.raises(SystemExit) as info:
+      cli.run(argv)
+    assert info.value.code == code
+    assert "optimize" in capsys.readouterr().out
+  with pytest.raises(SystemExit) as info:
+    cli.run(["xrlflow", "optimise"])
+  assert info.value.code == 2
+  assert "unknown command 'optimise'" in capsys.readouterr().err
+
+
+def test_console_script_runs_the_optimise_command(tmp_path):
+  """`python -m xrlflow_jax optimize` (what the `xrlflow` script runs): bad input is one
+  error line, exit 1, no traceback."""
+  res = subprocess.run([sys.executable, "-m", "xrlflow_jax", "optimize", "--model=nosuchnet"],
+                       capture_output=True, text=True, check=False, timeout=300, cwd=tmp_path,
+                       env={**os.environ, "JAX_PLATFORMS": "cpu"})
+  assert res.returncode == 1, res
+  assert res.stderr.startswith("error: unknown model 'nosuchnet'"), res.stderr
+  assert "Traceback" not in res.stderr
 
 
 def test_cli_in_process(tmp_path, capsys):

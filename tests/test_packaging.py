@@ -1,10 +1,12 @@
 """The package installed without the checkout (`pip install .`): it builds into a wheel that
-carries its data and configs, imports nothing from `experiments/`, and runs the optimise job's
-library entry from a folder outside the checkout.
+carries its data and configs, imports nothing from `experiments/`, and, installed into a fresh
+venv with only its declared dependencies, runs the `xrlflow optimize` console script and a
+search from a folder outside the checkout.
 
-The wheel is built offline (`pip wheel --no-deps --no-build-isolation`) and unpacked into a
-temporary folder that comes first on the path of a subprocess started elsewhere, so the
-checkout (and the editable install of the test environment) is not what runs.
+The wheel is built offline (`pip wheel --no-deps --no-build-isolation`). The fresh venv takes
+the declared dependencies from the package index as `pip install` does (pip's cache serves them
+after the first run); it never sees the test environment's packages. The quicker checks unpack
+the wheel into a folder that comes first on the path of a subprocess started elsewhere.
 """
 
 from __future__ import annotations
@@ -45,6 +47,69 @@ def installed(tmp_path_factory) -> Path:
   with zipfile.ZipFile(wheels[0]) as z:
     z.extractall(site)
   return site
+
+
+@pytest.fixture(scope="module")
+def fresh_venv(installed, tmp_path_factory) -> Path:
+  """A new venv (no system site packages) holding the wheel and its declared dependencies."""
+  wheel = next(installed.parent.glob("xrlflow_jax-*.whl"))
+  venv = tmp_path_factory.mktemp("venv") / "env"
+  subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
+  env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+  res = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q",
+                        "--only-binary=:all:", "--disable-pip-version-check", str(wheel)],
+                       capture_output=True, text=True, check=False, env=env, timeout=1200,
+                       cwd=venv.parent)
+  assert res.returncode == 0, res.stderr[-3000:]
+  return venv
+
+
+def _venv_env() -> dict[str, str]:
+  env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+  return {**env, "JAX_PLATFORMS": "cpu"}
+
+
+def test_the_fresh_venv_holds_only_declared_dependencies(fresh_venv, tmp_path):
+  py = str(fresh_venv / "bin" / "python")
+  check = subprocess.run([py, "-m", "pip", "check"], capture_output=True, text=True,
+                         check=False, env=_venv_env(), cwd=tmp_path, timeout=300)
+  assert check.returncode == 0, check.stdout + check.stderr
+  res = subprocess.run([py, "-c", textwrap.dedent("""
+      import importlib.util, json, sys, xrlflow_jax
+      print(json.dumps({"file": xrlflow_jax.__file__, "path": sys.path,
+                        "extras": {m: importlib.util.find_spec(m) is not None for m in (
+                            "onnxruntime", "pytest", "matplotlib", "experiments")}}))
+      """)], capture_output=True, text=True, check=False, env=_venv_env(), cwd=tmp_path,
+                       timeout=300)
+  assert res.returncode == 0, res.stderr[-3000:]
+  info = json.loads(res.stdout.strip().splitlines()[-1])
+  assert Path(info["file"]).is_relative_to(fresh_venv), info
+  assert not any(str(ROOT) == p or p.startswith(str(ROOT) + os.sep) for p in info["path"]), info
+  assert info["extras"] == dict.fromkeys(info["extras"], False), info
+
+
+def test_the_console_script_runs_the_optimise_job_in_a_fresh_venv(fresh_venv, tmp_path):
+  """`xrlflow optimize` from outside the checkout, a greedy search of tiny BERT (the README's
+  default PPO job itself runs in `.ci/run`'s fresh venv): exit 0, no traceback, rewrites found
+  (kept or not by the measured guard), numerics checked, the files written where it says."""
+  env = {**_venv_env(), "TMPDIR": str(tmp_path), "XRLFLOW_COMPILATION_CACHE": str(tmp_path / "c")}
+  res = subprocess.run([str(fresh_venv / "bin" / "xrlflow"), "optimize", "--model=bert",
+                        "--method=greedy", "--budget=2", "--latency_rounds=5",
+                        "--repeats_per_round=1", "--min_round_ms=0", "--nopicture"],
+                       capture_output=True, text=True, check=False, env=env, cwd=tmp_path,
+                       timeout=1200)
+  out = res.stdout + res.stderr
+  assert res.returncode == 0 and "Traceback" not in out, out[-4000:]
+  assert "numerics: PASS" in res.stdout, out[-4000:]
+  folder = tmp_path / "xrlflow_optimize" / "bert_greedy"
+  assert f"outputs in {folder}" in res.stdout, out[-4000:]
+  report = json.loads((folder / "report.json").read_text())
+  assert report["method"] == "greedy" and report["details"]["found_rewrites"] >= 1, report
+  assert report["numerics"]["passed"], report["numerics"]
+  assert (folder / "rewrites.json").is_file() and (folder / "best_graph.txt").is_file()
+  usage = subprocess.run([str(fresh_venv / "bin" / "xrlflow")], capture_output=True, text=True,
+                         check=False, env=env, cwd=tmp_path, timeout=300)
+  assert usage.returncode == 2 and "optimize" in usage.stdout, usage
 
 
 def _run(site: Path, code: str, cwd: Path, timeout: int = 600) -> subprocess.CompletedProcess:
