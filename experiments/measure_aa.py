@@ -6,11 +6,11 @@ slower than an identical one?
 For each model, --runs times: compile the graph three times (reference, control copy, and the
 "candidate", a third identical copy: `compare(..., time_unchanged=True)`), time them in
 --rounds interleaved rounds of --repeats_per_round runs, and record the verdict. Every verdict
-other than "no change" is a false positive; the count of lower candidate medians (the rule
-the measured guard used before the verdict) is printed beside it. With --neutral, a second series uses as candidate the
-graph after one rewrite that does not change the work (add_commute: a + b -> b + a), the case
-the measured guard meets most. Prints the false-positive rate per model with a 95% Wilson
-interval and writes --output (JSON).
+other than "no change" is a false positive; the count of lower candidate medians (what a bare
+comparison of medians would call faster) is printed beside it. With --neutral, a second series
+uses as candidate the graph after one rewrite that does not change the work (add_commute:
+a + b -> b + a), the case the measured guard meets most. Prints the false-positive rate per
+model with a 95% Wilson interval and writes --output (JSON).
 """
 
 from __future__ import annotations
@@ -80,7 +80,7 @@ def series(graph, candidate, params, label: str) -> dict:
                           level=_LEVEL.value)
     verdicts.append(cmp.speedups[0].verdict)
     ratios.append(cmp.speedups[0].ratio)
-    lower += cmp.candidates[0].median_ms < cmp.reference.median_ms  # the old guard's rule
+    lower += cmp.candidates[0].median_ms < cmp.reference.median_ms  # a bare median comparison
   wrong = sum(v != "no change" for v in verdicts)
   lo, hi = wilson(wrong, len(verdicts))
   r = np.asarray(ratios)

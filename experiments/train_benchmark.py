@@ -5,15 +5,15 @@ r"""PPO training throughput: environment steps per second, learning included, pe
     python -m experiments.train_benchmark --model=../shared/models/bert_base.onnx --updates=2
     python -m experiments.train_benchmark --heads=candidates --memory_locations=2,4,8
     python -m experiments.train_benchmark --heads=local --batches=16 --profile \
-        --variants=before,after                      # per part, side by side (issue 14)
+        --variants=before,after                      # per part, side by side
 
 For each head and batch size (environments per rollout) it compiles one PPO update (rollout of
 `num_steps` steps with `lax.scan`, GAE, `update_epochs` x `num_minibatches` Adam steps) ahead
 of time and times `updates` calls. steps/s = batch * num_steps / (median seconds per update).
-Epochs default to the training config's (2; the issue-14 "before" figures used 4:
---update_epochs=4).
+Epochs default to the training config's (2; --update_epochs=4 for the README's 4-epoch
+throughput figures).
 --variants times several learners interleaved in one process (`xrlflow_jax.harness.train_benchmark`:
-"after" is the library's learner, "before" the one before issue 14's changes) and --profile
+"after" is the library's learner, "before" a reference learner without its choices) and --profile
 adds, per variant, milliseconds per batched call of each part (environment step, node costs,
 agent inputs, encoder, local head, value, forward pass, gradient of the PPO loss over `batch`
 observations) and each part as a multiple of one environment step.

@@ -33,8 +33,8 @@ _CASES = {c.name: c for c in xb.node_cases()}
 _IN_SCOPE = sorted(n for n, c in _CASES.items() if xb.scope(c) is None)
 _RUN = [n for n in _IN_SCOPE if _exclusion(n) is None]
 _EXCLUDED_CASES = [n for n in _IN_SCOPE if _exclusion(n) is not None]
-# The expanded (function body) cases of the ops added for ONNX import in issue 17 run under
-# -m slow only: the default keeps one plain case of each.
+# The expanded (function body) cases of these ONNX-import ops run under -m slow only: the
+# default keeps one plain case of each.
 _SLOW_EXPANDED = {"Celu", "GreaterOrEqual", "LessOrEqual", "LogSoftmax", "Mish", "Shrink",
                   "Softplus", "ThresholdedRelu", "ReduceLogSumExp", "GroupNormalization"}
 _FIRST_PER_OP: dict[str, str] = {}

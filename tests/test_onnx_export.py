@@ -201,9 +201,9 @@ def test_identical_folded_constants_export_once(tmp_path: Path):
 
 
 def _issue17_model() -> onnx.ModelProto:
-  """One model with every op issue 17 added: comparisons and logic, maths, activations,
-  reductions, ArgMax/ArgMin, LogSoftmax, Expand, Tile, GatherElements, CumSum, Trilu, TopK and
-  ConvTranspose (one compile for all of them)."""
+  """One model with every op that exists for ONNX import: comparisons and logic, maths,
+  activations, reductions, ArgMax/ArgMin, LogSoftmax, Expand, Tile, GatherElements, CumSum,
+  Trilu, TopK and ConvTranspose (one compile for all of them)."""
   from onnx import TensorProto, helper, numpy_helper  # pylint: disable=g-import-not-at-top
   n = helper.make_node
   f = TensorProto.FLOAT

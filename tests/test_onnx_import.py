@@ -272,8 +272,9 @@ _CASES = {
          _N("Where", ["m", "x", "xf"], ["a"]), _N("Identity", ["a"], ["b"]),
          _N("Dropout", ["b"], ["c"]), _N("CastLike", ["xi", "x"], ["d"])],
         _X + [("m", TensorProto.BOOL, (8,))], {}, 18),
-    # Issue 17's ops. Floor makes ties (so ==, <= and ArgMax's select_last_index matter),
-    # Log of negatives NaNs and Reciprocal of zeros infinities.
+    # Comparisons, logic, maths, activations and reductions. Floor makes ties (so ==, <= and
+    # ArgMax's select_last_index matter), Log of negatives NaNs and Reciprocal of zeros
+    # infinities.
     "compare_logic": (
         [_N("Floor", ["x"], ["fx"]), _N("Floor", ["r"], ["fr"]),
          _N("Equal", ["fx", "fr"], ["eq"]), _N("Less", ["fx", "fr"], ["lt"]),
@@ -558,7 +559,7 @@ def test_other_dynamic_dims_need_input_shapes(dim: Any):
 
 
 def test_paddle_style_minus_one_with_input_shapes():
-  """The OCR classifier case of issue 17: [-1, 3, 48, 192] with --input_shape=x=1,3,48,192."""
+  """A Paddle-exported OCR classifier's input: [-1, 3, 48, 192] with --input_shape=x=1,3,48,192."""
   model = _dynamic_model([-1, 3, 48, 192])
   with warnings.catch_warnings():
     warnings.simplefilter("error")  # fixing a dynamic dim is not worth a warning
@@ -740,7 +741,7 @@ def test_backend_model_file_matches_its_outputs_and_round_trips(name: str, tmp_p
 
 def test_backend_float64_inputs_beyond_float32_are_refused_by_name():
   """onnx's add_broadcast feeds float64 values float32 cannot hold: without x64 the executor
-  refuses them, naming the input (it used to return infinities)."""
+  refuses them, naming the input, rather than rounding them to infinities."""
   if jax.config.jax_enable_x64:
     pytest.skip("x64 is enabled: float64 runs as float64")
   case = _BACKEND_DATA / "pytorch-operator/test_operator_add_broadcast"
@@ -1073,7 +1074,7 @@ def test_integer_paths_match_onnxruntime(case: str, dtype: int):
 
 
 def test_int64_constant_beyond_int32_is_refused_not_wrapped():
-  """2^40 + x: refused by name without x64 (it used to wrap to [5, 6, 8, 10])."""
+  """2^40 + x: refused by name without x64, not wrapped to int32 (which gives [5, 6, 8, 10])."""
   model = _model([_N("Add", ["x", "big"], ["y"])], [("x", TensorProto.INT64, (4,))], ["y"],
                  {"big": np.asarray(2**40, np.int64)})
   with pytest.raises(errors.OnnxImportError, match=r"constant 'big'.*do not fit int32"):

@@ -427,7 +427,7 @@ def _pool_cases(op: str) -> list[OpCase]:
       attrs = {"kernel": k, "strides": s, "pads": p, "ceil_mode": ceil, "count_include_pad": cip}
       cases.append(OpCase(op, name + ("_include_pad" if cip else ""), (Arg(xs),), attrs,
                           lambda x, a=attrs: ref_pool(x, kind, **a)))
-  for cip in ((False,) if kind == "max" else (False, True)):  # dilated (issue 17)
+  for cip in ((False,) if kind == "max" else (False, True)):  # dilated
     attrs = {"kernel": (2, 3), "strides": (2, 1), "pads": (1, 0, 1, 2), "ceil_mode": True,
              "count_include_pad": cip, "dilations": (3, 2)}
     cases.append(OpCase(op, "dilated" + ("_include_pad" if cip else ""), (Arg((1, 2, 9, 8)),),
@@ -675,7 +675,7 @@ def _merge_gconv_cases() -> list[OpCase]:
           for ws, g, c in MERGE_GCONV_CONFIGS]
 
 
-# ------------------------------------------------------------------ issue 17's ops
+# ------------------------------------------------------------------ ONNX-import ops
 # One or two small cases per op keep the default suite cheap; the compare/logic and activation
 # references are plain numpy, written from the ONNX definitions.
 
@@ -1066,7 +1066,7 @@ def test_op_numerics(case: OpCase):
   _check_case(case, as_constants=False)
 
 
-# Ops added for ONNX import (issue 17): rewrites never fold them, so their folded path (the same
+# Ops that exist for ONNX import: rewrites never fold them, so their folded path (the same
 # lowering, op by op) runs under -m slow.
 IMPORT_OPS = {*ONNX_UNARY_REFS, *COMPARE_REFS, *LOGIC_REFS, *REDUCE_REFS, "Not", "Mod", "IsNaN",
               "IsInf", "PRelu", "LogSoftmax", "ArgMax", "ArgMin", "Expand", "Tile",

@@ -250,7 +250,7 @@ def test_ruleset_vmap_matches_per_graph_and_traces_once():
 
 
 def test_match_hints_skip_rules_and_cap_anchors_as_told():
-  """`only` leaves the other rules empty and matches the rest as before; `anchor_caps` at the
+  """`only` leaves the other rules empty and matches the rest as without it; `anchor_caps` at the
   graph's own op counts changes nothing, and a cap below a count examines fewer nodes and
   says how many it skipped."""
   subset = RuleSet([BY_NAME[n] for n in (

@@ -8,8 +8,8 @@ next state. `lasts[t]` marks the step that ended an episode:
     bootstraps from the value of the observation the episode ended on (`bootstrap_values[t]`,
     the value of `extras["final_observation"]`), not from the next episode's first
     observation (which is what the rollout holds at t + 1 after an auto-reset).
-The recursion never carries an advantage across an episode boundary (the learner issue notes
-that the original X-RLflow's last-step GAE got this wrong).
+The recursion never carries an advantage across an episode boundary (unlike the original
+X-RLflow's last-step GAE).
 """
 
 from __future__ import annotations

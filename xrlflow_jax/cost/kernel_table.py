@@ -9,9 +9,10 @@ and the jitted cost model looks kernels up in a `model.KernelTable` instead of e
 A roofline with one coefficient per FLOP cannot say that XLA:CPU runs a grouped convolution with
 4 channels per group at half the speed of one with 8 (see `model.KERNEL_OPS`); a measurement
 can. Fusion stays the model's: elementwise and data-movement ops, what is written to memory,
-distinct weights and the sibling discount are estimated as before. A kernel the table does not
-have keeps the model's estimate, and `model.measured_costs` reports it missing, so a search can
-measure it (`search.Expander` does) and cost again what it costed without it.
+distinct weights and the sibling discount are estimated as they are without a table. A kernel
+the table does not have keeps the model's estimate, and `model.measured_costs` reports it
+missing, so a search can measure it (`search.Expander` does) and cost again what it costed
+without it.
 
 Times are the profiler's (`Profiler.profile_kernels`: MatMuls per iteration of a hot loop,
 convolutions a call at a time less the cost of an empty call timed in the same rounds, which

@@ -42,12 +42,12 @@ CACHE_ENV = "XRLFLOW_PROFILE_CACHE"
 DEFAULT_CACHE_DIR = Path("~/.cache/xrlflow_jax/profiles")
 SINGLE_OP_CAPACITY = 8  # single-op graphs: up to 7 operands + the op
 CALL_KEY = "__call__"  # the cache entry of an empty call (the fixed cost of one dispatch)
-# How signatures are timed; cached entries without this tag are measured again. Before it,
-# each signature was timed alone in one window (median of its runs): kernels measured while
-# another job ran stayed in the cache up to 2.6x too slow (1x512 @ 512x4096: 0.247 ms cached,
-# 0.094 ms interleaved), enough to rank NasRNN's merges backwards. The least round median
-# (tried first) favoured whichever convolution had one lucky round: SqueezeNet's layout
-# search then chose a graph measured x1.08 where the median's chose one measured x1.22.
+# How signatures are timed; cached entries without this tag are measured again. Interleaved
+# rounds, not each signature alone in one window (median of its runs): timed alone, a kernel
+# measured while another job ran stays in the cache up to 2.6x too slow (1x512 @ 512x4096:
+# 0.247 ms cached, 0.094 ms interleaved), enough to rank NasRNN's merges backwards. The median
+# of the round medians, not the least: the least favours whichever convolution had one lucky
+# round (SqueezeNet's layout search chose a graph measured x1.08 with it, x1.22 with the median).
 TIMING = "interleaved-median-of-round-medians"
 # Hot-loop kernels (below) take the least of their round medians instead: a loop of ~2 ms is a
 # steady state that no round can run faster than, so only disturbance spreads its rounds.
@@ -55,7 +55,8 @@ TIMING = "interleaved-median-of-round-medians"
 # 0.110 ms (rounds 0.066-0.120 an iteration), 0.066-0.070 in two fresh measurements, which
 # made merging NasRNN's eight gate MatMuls (8 x 0.011 ms) look slower when it measures 30%
 # faster in the graph (2-core x86_64, 2026-12-06).
-# (The tag also says the batch was load-checked, `LOADED`: entries timed before that were not.)
+# (The tag also says the batch was load-checked, `LOADED`: entries without the check are timed
+# again.)
 LOOP_TIMING = "interleaved-least-round-median-per-iteration-load-checked"
 ROUNDS = 5  # interleaved timing rounds of a batch
 BATCH = 16  # signatures compiled and timed together (bounds the memory they hold at once)

@@ -14,11 +14,12 @@ Both take several variants and time them interleaved in one process (round r tim
 variant once; medians over rounds), so that a shared, noisy machine slows every variant alike
 and the ratios between variants (and to the environment step) are what to read.
 
-The `before` variant is the learner as it was before issue 14's changes, kept for these side by
-side measurements only: the per-edge attention formulation (`PerEdgeGATLayer`, numerically the
-same network: tests/test_agents.py checks it), node costs recomputed inside every forward and
-gradient pass, XLA's default compiler options, and the local head over all P slots of every
-rule (`ActorCritic.rule_widths=None`; the head reads each rule's own slots since 2026-12-05).
+The `before` variant is a reference learner for these side by side measurements only: it
+shows what the library learner's choices gain. It has the per-edge attention formulation
+(`PerEdgeGATLayer`, numerically the same network: tests/test_agents.py checks it), node costs
+recomputed inside every forward and gradient pass, XLA's default compiler options, and the
+local head over all P slots of every rule (`ActorCritic.rule_widths=None`; the library's head
+reads each rule's own slots). `after` is the library's learner as built.
 """
 
 from __future__ import annotations
@@ -46,11 +47,11 @@ PARTS = ("env step", "auto-reset env step", "node costs", "agent inputs", "encod
 
 
 # ----------------------------------------------------------------------------------------------
-# The formulation before issue 14 (reference for tests and side-by-side timing)
+# The per-edge reference formulation (for tests and side-by-side timing)
 # ----------------------------------------------------------------------------------------------
 
 class PerEdgeGATLayer(nn.Module):
-  """`networks.GATLayer` written per edge, as it was before issue 14: every edge's key and
+  """`networks.GATLayer` written per edge, the `before` variant's encoder: every edge's key and
   value are built from gathered node, tensor and slot projections (about thirteen [N * K, H]
   gathers per layer) and the backward direction keeps the sender's tensor term in keys and
   values. Same parameters (names and shapes) and, up to float rounding, the same outputs as
@@ -113,7 +114,8 @@ def per_edge_layers() -> Iterator[None]:
 
 
 class RecomputingAgent(Agent):
-  """An Agent that ignores the observation's node costs and recomputes them (as before)."""
+  """An Agent that ignores the observation's node costs and recomputes them in every pass (the
+  `before` variant's agent)."""
 
   def _node_costs(self, obs: Any) -> jax.Array:
     return self.node_cost_fn(obs.graph)
@@ -140,14 +142,14 @@ class Variant:
 
 def variant(name: str, trainer: Trainer) -> Variant:
   """`after`: `trainer` as built; `before`: the same environment and configuration with the
-  learner of before issue 14 (see the module docstring)."""
+  reference learner (see the module docstring)."""
   if name == "after":
     return Variant(name, trainer, contextlib.nullcontext)
   if name != "before":
     raise ValueError(f"unknown variant {name!r}; use one of {VARIANTS}")
   a = trainer.agent
   agent = RecomputingAgent(a.ruleset, a.node_cost_fn, a.config)
-  agent.network = agent.network.clone(rule_widths=None)  # the head read all P slots then
+  agent.network = agent.network.clone(rule_widths=None)  # the head reads all P slots per rule
   before = Trainer(trainer.config, trainer.env, agent, trainer.devices, xla_options=None)
   return Variant(name, before, per_edge_layers)
 

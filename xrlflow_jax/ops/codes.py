@@ -51,7 +51,7 @@ class Op(enum.IntEnum):
   WHERE = 41
   ENLARGE = 42
   MERGE_GCONV = 43
-  # Comparisons and logic (issue 17); comparisons produce bool.
+  # Comparisons and logic; comparisons produce bool.
   EQUAL = 44
   LESS = 45
   GREATER = 46
@@ -94,7 +94,7 @@ class Op(enum.IntEnum):
   # Data movement with shapes known at import.
   EXPAND = 80
   TILE = 81
-  # More import ops (issue 17, second part).
+  # Further ops of ONNX import: GatherElements, CumSum, Trilu, TopK and ConvTranspose.
   GATHER_ELEMENTS = 82
   CUMSUM = 83
   TRILU = 84

@@ -298,8 +298,8 @@ MATMUL = spec.register(OpSpec(
 
 # ------------------------------------------------------------------ Pools (NCHW)
 
-# dilations (appended for issue 17): 0 reads as 1, so attribute vectors written before it mean
-# what they meant.
+# dilations: a 0 reads as 1 (`_dilations`), so an attribute vector that leaves those slots zero
+# is an undilated pool.
 _POOL_ATTRS = (AttrField("kernel", 2, default=(1, 1)), AttrField("strides", 2, default=(1, 1)),
                AttrField("pads", 4, default=(0, 0, 0, 0)),
                AttrField("ceil_mode", kind="bool", default=False),

@@ -321,8 +321,8 @@ class CompiledRule:
 
     Written over the candidate axis directly (each check is one gather or elementwise op on
     [C] arrays), not as a per-candidate function under `vmap`: batching thousands of scalar
-    indexings was most of the matcher's tracing time. Only the rule's own constraint, written
-    for one match, is vmapped, over features gathered for all candidates beforehand.
+    indexings would be most of the matcher's tracing time. Only the rule's own constraint,
+    written for one match, is vmapped, over features gathered for all candidates beforehand.
     """
     rule, v = self.rule, self.num_vars
     c = roots.shape[0]

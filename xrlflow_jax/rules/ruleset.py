@@ -100,8 +100,8 @@ class RuleSet:
     f = Features(graph, self.need_depth, self.max_anchors, anchor_caps)
     l, p = self.max_locations, self.num_bound
     # Bind every rule's candidates, then compact the rules with the same candidate count C
-    # together (one compaction per C, not one per rule: a third of the matcher's XLA kernels
-    # were per-rule compactions); only the kept candidates' nodes are gathered, per rule.
+    # together (one compaction per C, not one per rule: per-rule compactions would make a third
+    # of the matcher's XLA kernels); only the kept candidates' nodes are gathered, per rule.
     groups: dict[int, list[tuple[int, jax.Array, jax.Array]]] = {}
     for i, c in enumerate(self.compiled):
       if only is not None and i not in only:

@@ -52,10 +52,10 @@ def taso(graph: layout.Graph, params: ParamStore, expander: Expander, *, budget:
   every step pays only after the input MatMuls are batched across steps; together 0.71 of
   the input's latency, the batching alone no measured change). Such a seed is queued at the
   cost of the graph it came from, behind that graph's first candidate of each rule:
-  queued at its own lower cost it was taken before a neutral step that does better (on
+  queued at its own lower cost it would be taken before a neutral step that does better (on
   `tests/test_narrowing.py`'s class-token head, moving a slice up both branches of a GELU at
   once, where joining the two equal slices first computes the MLP's first MatMul once; the
-  window then dropped the join). Some rewrites pay
+  window would then drop the join). Some rewrites pay
   only once made everywhere (merging an RNN cell's gate MatMuls adds a concatenated weight
   that the other steps do not share until they are merged too: on NasRNN one such merge
   measures slower than the input and all ten faster), a valley deeper than `alpha` lets a

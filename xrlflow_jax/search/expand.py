@@ -138,8 +138,8 @@ FAST_COMPILE_OPTIONS = {"xla_cpu_use_fusion_emitters": False}
 # ONNX, random search of 16 x 20 = 320 expansions, no persistent cache, alternating runs): 52.5
 # and 49.3 s (compile 45.9, 43.7) with these options against 77.5 and 80.0 s (72.1, 75.2) with
 # XLA's defaults, the same result; the rest of the search 5.6-6.6 s against 4.8-5.4 s. The
-# limit was 200 before: the benchmark's random search (320) then compiled every function a
-# second time, with XLA's defaults, after the other methods had compiled them fast.
+# limit covers the benchmark's random search (320): below it, that search would compile every
+# function a second time, with XLA's defaults, after the other methods had compiled them fast.
 FAST_COMPILE_MAX_EXPANSIONS = 500
 
 
@@ -433,7 +433,7 @@ class Expander:
       return cost, exact & ~missing, h, hashed, missing, applied  # applied: keep too
 
     chunk = bucket_chunk(size)
-    if chunk == size:  # one vmap, as before chunking (buckets <= BUCKET_CHUNK measured unchanged)
+    if chunk == size:  # one vmap: a bucket of at most BUCKET_CHUNK slots is a single chunk
       c, exact, hashes, hashed, missing, ok = jax.vmap(one)((plans, used))
     else:
       c, exact, hashes, hashed, missing, ok = jax.lax.map(one, (plans, used), batch_size=chunk)

@@ -12,8 +12,8 @@ ms NCHW), 0.12 and 0.05 ms on 1 x 27 x 27 x 256.
 
 An ungrouped convolution (one dense Eigen kernel) is never offered: it is far faster as is.
 Each choice is priced by the kernel table, per signature, like any other rewrite (pools are
-kernels of the table since 2026-12-06). The rules work in either layout, and the exported ONNX
-is the same Conv or pool whichever was chosen.
+kernels of the table too: `cost.model.KERNEL_OPS`). The rules work in either layout, and the
+exported ONNX is the same Conv or pool whichever was chosen.
 """
 
 from __future__ import annotations
