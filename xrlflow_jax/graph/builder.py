@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Sequence
+from typing import Any, Iterable, Sequence
 
 import numpy as np
 
@@ -66,7 +66,8 @@ def _activation(value: Any) -> int:
     raise ShapeError(f"unknown activation {value!r}; use one of none/relu/sigmoid/tanh/gelu") from None
 
 
-def _bits(axes: Sequence[int]) -> int:
+def axes_bits(axes: Iterable[int]) -> int:
+  """The bitmask attribute (`axes`) of a set of axes: bit a set for each axis a."""
   out = 0
   for a in axes:
     out |= 1 << int(a)
@@ -375,12 +376,12 @@ class GraphBuilder:
 
   def reduce_mean(self, x: Tensor, axes: Sequence[int], keepdims: bool = True,
                   name: str | None = None) -> Tensor:
-    return self.node(Op.REDUCE_MEAN, [x], name=name, axes=_bits(a % x.rank for a in axes),
+    return self.node(Op.REDUCE_MEAN, [x], name=name, axes=axes_bits(a % x.rank for a in axes),
                     keepdims=keepdims)
 
   def reduce_sum(self, x: Tensor, axes: Sequence[int], keepdims: bool = True,
                  name: str | None = None) -> Tensor:
-    return self.node(Op.REDUCE_SUM, [x], name=name, axes=_bits(a % x.rank for a in axes),
+    return self.node(Op.REDUCE_SUM, [x], name=name, axes=axes_bits(a % x.rank for a in axes),
                     keepdims=keepdims)
 
   def concat(self, xs: Sequence[Tensor], axis: int, name: str | None = None) -> Tensor:
@@ -434,11 +435,11 @@ class GraphBuilder:
                     perm=tuple(perm) + (0,) * (MAX_RANK - len(perm)))
 
   def squeeze(self, x: Tensor, axes: Sequence[int], name: str | None = None) -> Tensor:
-    return self.node(Op.SQUEEZE, [x], name=name, axes=_bits(a % x.rank for a in axes))
+    return self.node(Op.SQUEEZE, [x], name=name, axes=axes_bits(a % x.rank for a in axes))
 
   def unsqueeze(self, x: Tensor, axes: Sequence[int], name: str | None = None) -> Tensor:
     out_rank = x.rank + len(axes)
-    return self.node(Op.UNSQUEEZE, [x], name=name, axes=_bits(a % out_rank for a in axes))
+    return self.node(Op.UNSQUEEZE, [x], name=name, axes=axes_bits(a % out_rank for a in axes))
 
   def gather(self, data: Tensor, indices: Tensor, axis: int = 0,
              name: str | None = None) -> Tensor:
