@@ -25,6 +25,8 @@ from xrlflow_jax.env import GraphRewriteEnv
 from xrlflow_jax.rules import RuleSet
 from xrlflow_jax.rules.library import builtin_rules
 
+from tests._graphs import toy_graph
+
 ROOT = Path(__file__).resolve().parents[1]
 
 # The learning problem. Cost = 1.0 per MatMul kernel + 1.5 per loop-fusion kernel (a synthetic
@@ -46,15 +48,6 @@ SMALL = AgentConfig(head="local", hidden=32, layers=2, heads=2)
 PPO = PPOConfig(num_envs=8, num_steps=8, total_timesteps=8 * 8 * 40, update_epochs=4,
                 num_minibatches=2)
 LEARN_UPDATES = 40
-
-
-def toy_graph(capacity: int = 32):
-  b = GraphBuilder()
-  x = b.input([8, 16])
-  w1, w2 = b.weight([16, 16]), b.weight([16, 16])
-  y = b.concat([b.matmul(x, w1), b.matmul(x, w2)], axis=1)
-  b.output(b.add(y, b.input([8, 32])))
-  return b.build(capacity=capacity)
 
 
 def _cost(g):

@@ -3,6 +3,8 @@ enlargement so convolutions can merge, grouped-convolution merging, and their in
 
 from __future__ import annotations
 
+from typing import Callable
+
 import jax.numpy as jnp
 
 from xrlflow_jax.ops import MAX_RANK as R
@@ -64,20 +66,7 @@ def split_matmul_shared_input() -> Rule:
                   inverse="merge_matmul_shared_input_2",
                   description="undo a merged matmul")
   x, w1, w2 = r.var("x"), r.var("w1", const=True), r.var("w2", const=True)
-  c = r.src(Op.CONCAT, w1, w2)
-  mm = r.src(Op.MATMUL, x, c)
-  s1 = r.src(Op.SLICE, mm)
-  s2 = r.src(Op.SLICE, mm)
-  n1 = lambda m: m.dim(w1, -1)
-  r.where(lambda m: (m.attr(c, "axis") == m.rank(w1) - 1)
-          & (m.attr(s1, "axis") == m.rank(mm) - 1) & (m.attr(s2, "axis") == m.rank(mm) - 1)
-          & (m.attr(s1, "start") == 0) & (m.attr(s1, "end") == n1(m))
-          & (m.attr(s2, "start") == n1(m)) & (m.attr(s2, "end") == n1(m) + m.dim(w2, -1))
-          & (m.attr(s1, "step") == 1) & (m.attr(s2, "step") == 1))
-  act = lambda m: m.attr(mm, "activation")
-  r.replace(s1, r.dst(Op.MATMUL, x, w1, activation=act))
-  r.replace(s2, r.dst(Op.MATMUL, x, w2, activation=act))
-  return r.build()
+  return _split_matmul(r, -1, (w1, w2), lambda w: (x, w))
 
 
 def merge_matmul_shared_weight() -> Rule:
@@ -105,19 +94,27 @@ def split_matmul_shared_weight() -> Rule:
   r = RuleBuilder("split_matmul_shared_weight", "merge_matmul", example=_ex_split_mm_w,
                   inverse="merge_matmul_shared_weight", description="undo a row-merged matmul")
   x1, x2, w = r.var("x1"), r.var("x2"), r.var("w")
-  c = r.src(Op.CONCAT, x1, x2)
-  mm = r.src(Op.MATMUL, c, w)
+  return _split_matmul(r, -2, (x1, x2), lambda x: (x, w))
+
+
+def _split_matmul(r: RuleBuilder, axis: int, pieces: tuple[Ref, Ref],
+                  operands: Callable[[Ref], tuple[Ref, Ref]]) -> Rule:
+  """Both splits: slices on `axis` (-1: columns, -2: rows) of matmul(*operands(concat(p1, p2)))
+  whose concat is on the pieces' same axis -> matmul(*operands(p1)), matmul(*operands(p2))."""
+  p1, p2 = pieces
+  c = r.src(Op.CONCAT, p1, p2)
+  mm = r.src(Op.MATMUL, *operands(c))
   s1 = r.src(Op.SLICE, mm)
   s2 = r.src(Op.SLICE, mm)
-  n1 = lambda m: m.dim(x1, -2)
-  r.where(lambda m: (m.attr(c, "axis") == m.rank(x1) - 2)
-          & (m.attr(s1, "axis") == m.rank(mm) - 2) & (m.attr(s2, "axis") == m.rank(mm) - 2)
+  n1 = lambda m: m.dim(p1, axis)
+  r.where(lambda m: (m.attr(c, "axis") == m.rank(p1) + axis)
+          & (m.attr(s1, "axis") == m.rank(mm) + axis) & (m.attr(s2, "axis") == m.rank(mm) + axis)
           & (m.attr(s1, "start") == 0) & (m.attr(s1, "end") == n1(m))
-          & (m.attr(s2, "start") == n1(m)) & (m.attr(s2, "end") == n1(m) + m.dim(x2, -2))
+          & (m.attr(s2, "start") == n1(m)) & (m.attr(s2, "end") == n1(m) + m.dim(p2, axis))
           & (m.attr(s1, "step") == 1) & (m.attr(s2, "step") == 1))
   act = lambda m: m.attr(mm, "activation")
-  r.replace(s1, r.dst(Op.MATMUL, x1, w, activation=act))
-  r.replace(s2, r.dst(Op.MATMUL, x2, w, activation=act))
+  r.replace(s1, r.dst(Op.MATMUL, *operands(p1), activation=act))
+  r.replace(s2, r.dst(Op.MATMUL, *operands(p2), activation=act))
   return r.build()
 
 
