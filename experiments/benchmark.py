@@ -47,9 +47,10 @@ import numpy as np
 from absl import app, flags
 
 from experiments.configs import ppo as ppo_configs
-from xrlflow_jax import cost, measure
+from xrlflow_jax import cost, measure, search
 from xrlflow_jax import optimize as opt
 from xrlflow_jax.agents import training
+from xrlflow_jax.cli import flags as cli_flags
 from xrlflow_jax.cost import kernel_table
 from xrlflow_jax import graph as G
 from xrlflow_jax import workflow
@@ -94,15 +95,8 @@ _PPO_MINUTES = flags.DEFINE_float("ppo_minutes", 0.0, "ppo: stop training after 
                                   "of updates that ends past this many minutes per model (the "
                                   "kernel table and compiles included; the row's note says how "
                                   "many steps it took); 0: all of --ppo_timesteps.")
-_ROUNDS = flags.DEFINE_integer("rounds", 10, "Interleaved timing rounds.")
-_LOOKS = flags.DEFINE_integer("looks", opt.DEFAULT_LOOKS, "Sets of --rounds rounds timed at "
-                             "most, as the optimise job's --latency_looks: another while a "
-                             "method's guard verdict is 'no change'.")
-_REPEATS = flags.DEFINE_integer("repeats_per_round", 3, "Timed runs per graph per round (at "
-                                "least; see --min_round_ms).")
-_MIN_ROUND = flags.DEFINE_float("min_round_ms", 30.0, "More runs per round for a fast graph, so "
-                                "that one graph's round lasts about this long (0: exactly "
-                                "--repeats_per_round).")
+_TIMING = cli_flags.define_timing_flags(looks_default=opt.DEFAULT_LOOKS,
+                                        looks_note="as the optimise job's --latency_looks")
 _ENV_ENVS = flags.DEFINE_integer("env_envs", 8, "Environments of the steps/s rollout.")
 _ENV_STEPS = flags.DEFINE_integer("env_steps", 16, "Steps of the steps/s rollout.")
 _SEED = flags.DEFINE_integer("seed", 0, "Seed of weights, searches and training.")
@@ -172,7 +166,7 @@ COLUMNS = [("model", "model", ""), ("nodes_in", "nodes", ""), ("env_steps_per_s"
 
 def fill_budget(done: list[B.Outcome]) -> int:
   """The budget of the TASO-style search that fills PPO's kernel table
-  (`training.fill_kernel_table`): 0 when this model's "taso" method has already searched from
+  (`search.fill_kernel_table`): 0 when this model's "taso" method has already searched from
   the same graph with the same table and rules at more locations (the fill then added no kernel
   on SqueezeNet, NasRNN and ResNeXt-50 ONNX, 2026-12-05, and cost 14-46 s), else --taso_budget."""
   searched = any(o.method == "taso" and o.graph is not None for o in done)
@@ -204,10 +198,12 @@ def benchmark_model(spec, ruleset, ppo_ruleset, coeffs, methods: list[str],
     t0 = time.perf_counter()
     try:
       if method == "ppo":
+        table = None if kernels is None else search.fill_kernel_table(
+            [graph], [params], ppo_ruleset, coeffs, kernels, fill_budget(outcomes),
+            log=lambda s: print("  " + s, flush=True))
         policy = training.train_ppo(
             [spec.label], [graph], [params], ppo_config(spec.source), coeffs, ppo_ruleset,
-            log=lambda s: print("  " + s, flush=True), kernels=kernels,
-            kernel_budget=fill_budget(outcomes),
+            log=lambda s: print("  " + s, flush=True), kernel_table=table, started=t0,
             max_seconds=_PPO_MINUTES.value * 60 or None)
         _, train_cost = policy.best(0)
         train_initial = float(np.asarray(policy.state.initial_cost)[0])
@@ -233,8 +229,7 @@ def benchmark_model(spec, ruleset, ppo_ruleset, coeffs, methods: list[str],
   if spec.label in against:
     outcomes.append(B.against_outcome(against[spec.label], loaded, coeffs, kernels, _SEED.value))
   measured = B.measure_outcomes(
-      graph, params, [o.graph for o in outcomes], rounds=_opt("rounds"), looks=_LOOKS.value,
-      repeats_per_round=_opt("repeats_per_round"), min_round_ms=_opt("min_round_ms"),
+      graph, params, [o.graph for o in outcomes], **_TIMING.options(_opt),
       own_params=[o.params for o in outcomes], checkpoints=[o.checkpoints for o in outcomes],
       seed=_SEED.value)
   base = {"model": spec.label, "nodes_in": G.num_nodes(graph), "rules": len(ruleset),
@@ -260,9 +255,9 @@ def main(argv: list[str]) -> None:
   unknown = [m for m in methods if m not in B.METHODS]
   if unknown:
     raise app.UsageError(f"unknown methods {unknown}; use {B.METHODS}")
+  timing = _TIMING.options(_opt)
   try:  # before any search: a bad timing setting would fail every model's row at its end
-    measure.check_settings(_opt("rounds"), _opt("repeats_per_round"),
-                           min_round_ms=_opt("min_round_ms"), looks=_LOOKS.value)
+    measure.check_settings(**timing)
   except measure.MeasurementError as e:
     raise app.UsageError(str(e)) from None
   size = _opt("size")
@@ -288,9 +283,9 @@ def main(argv: list[str]) -> None:
             f"({', '.join(_opt('rules'))}) x {ruleset.max_locations} locations (PPO's "
             f"environment: x {ppo_ruleset.max_locations}); budgets: {search_options()}, ppo "
             f"{_opt('ppo_timesteps')} steps (horizon {_opt('ppo_horizon')}); timing: "
-            f"{_opt('rounds')} interleaved rounds x {_opt('repeats_per_round')} runs (more for a "
-            f"fast graph: a round lasts >= {_opt('min_round_ms'):g} ms), up to {_LOOKS.value} "
-            "sets while a guard verdict is 'no change'")
+            f"{timing['rounds']} interleaved rounds x {timing['repeats_per_round']} runs (more "
+            f"for a fast graph: a round lasts >= {timing['min_round_ms']:g} ms), up to "
+            f"{timing['looks']} sets while a guard verdict is 'no change'")
   print(header, flush=True)
   rows: list[dict[str, Any]] = []
   for done, spec in enumerate(specs, 1):

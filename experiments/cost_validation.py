@@ -22,15 +22,16 @@ from pathlib import Path
 
 from absl import app, flags
 
-from xrlflow_jax import models
+from xrlflow_jax import models, workflow
+from xrlflow_jax.cli import flags as cli_flags
 from xrlflow_jax.cost import fit as fit_lib
 from xrlflow_jax.cost import kernel_table
-from xrlflow_jax.cost import latency
+from xrlflow_jax.measure import latency
 from xrlflow_jax.cost import model as cost_model
 from xrlflow_jax.harness import cost_validation as validate
 from xrlflow_jax.harness import machine
 from xrlflow_jax.cost.profiler import ProfileCache
-from xrlflow_jax.harness.variants import RewriteWalker, load_model
+from xrlflow_jax.rules.walk import RewriteWalker
 
 _MODELS = flags.DEFINE_list("models", ["bert", "resnet18"], "Zoo models, or 'all'.")
 _SIZE = flags.DEFINE_enum("size", "tiny", list(models.SIZES), "Zoo model size.")
@@ -41,10 +42,7 @@ _ONNX_DIR = flags.DEFINE_string(
 _VARIANTS = flags.DEFINE_integer("variants", 30, "Random-walk variants per model.")
 _NEIGHBOURS = flags.DEFINE_integer("neighbours", 15, "One-step neighbours per model.")
 _MAX_STEPS = flags.DEFINE_integer("max_steps", 8, "Longest random rewrite sequence.")
-_ROUNDS = flags.DEFINE_integer("rounds", 10, "Interleaved timing rounds.")
-_REPEATS = flags.DEFINE_integer("repeats", 3, "Least timed runs per graph per round.")
-_MIN_ROUND_MS = flags.DEFINE_float("min_round_ms", 30.0,
-                                   "Timed runs per graph per round are raised to last this long.")
+_TIMING = cli_flags.define_timing_flags(repeats_name="repeats")
 _PASSES = flags.DEFINE_integer(
     "passes", 2, "Independent measurement passes (2 or more report how reproducible the "
     "measured ranking is: the ceiling for any cost model).")
@@ -76,7 +74,8 @@ def main(argv: list[str]) -> None:
   walkers: dict[tuple[int, int], RewriteWalker] = {}
   results = []
   for spec, size in sources:
-    graph, params, name = load_model(spec, size)
+    loaded = workflow.load(spec, size=size)
+    graph, params, name = loaded.graph, loaded.params, loaded.name
     key = tuple(graph.senders.shape) + tuple(graph.nodes["op"].shape)
     if key not in walkers:  # one compiled matcher per capacity
       walkers[key] = RewriteWalker()
@@ -85,8 +84,7 @@ def main(argv: list[str]) -> None:
     res = validate.validate_model(graph, params, coeffs, name=name, walker=walkers[key],
                                   variants=_VARIANTS.value, neighbours=_NEIGHBOURS.value,
                                   max_steps=_MAX_STEPS.value, seed=_SEED.value,
-                                  rounds=_ROUNDS.value, repeats_per_round=_REPEATS.value,
-                                  min_round_ms=_MIN_ROUND_MS.value, passes=_PASSES.value,
+                                  **_TIMING.options(), passes=_PASSES.value,
                                   backend=_BACKEND.value,
                                   exclude=exclude, kernels=kernels)
     results.append(res)

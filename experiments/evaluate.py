@@ -35,15 +35,17 @@ training.csv (the PPO metrics per update), speedup.png (measured speedup per gra
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
 from absl import app, flags
 
 from experiments.configs import ppo as ppo_configs
-from xrlflow_jax import cost, measure
+from xrlflow_jax import cost, measure, search
 from xrlflow_jax import optimize as opt
 from xrlflow_jax.agents import training
+from xrlflow_jax.cli import flags as cli_flags
 from xrlflow_jax.cost import kernel_table
 from xrlflow_jax import graph as G
 from xrlflow_jax import workflow
@@ -77,11 +79,9 @@ _HORIZON = flags.DEFINE_integer("horizon", 50, "Episode length (training and eva
 _SAMPLES = flags.DEFINE_integer("samples", 8, "K of ppo-best-of-K.")
 _GREEDY_STEPS = flags.DEFINE_integer("greedy_steps", 100, "greedy: max rewrites.")
 _TASO_BUDGET = flags.DEFINE_integer("taso_budget", 200, "taso: graphs expanded.")
-_ROUNDS = flags.DEFINE_integer("rounds", 10, "Interleaved timing rounds.")
-_LOOKS = flags.DEFINE_integer("looks", opt.DEFAULT_LOOKS, "Sets of --rounds rounds timed at "
-                             "most, as the optimise job's --latency_looks: another while a "
-                             "method's guard verdict is 'no change'.")
-_REPEATS = flags.DEFINE_integer("repeats_per_round", 3, "Timed runs per graph per round.")
+_TIMING = cli_flags.define_timing_flags(looks_default=opt.DEFAULT_LOOKS,
+                                        min_round_ms_default=None,
+                                        looks_note="as the optimise job's --latency_looks")
 _SEED = flags.DEFINE_integer("seed", 0, "Seed of weights, training and sampling.")
 _KERNELS = flags.DEFINE_bool("kernel_table", True, "Cost with measured MatMul and convolution "
                               "times: the searches, the policy's rollouts and the training "
@@ -165,8 +165,7 @@ def evaluate_graph(policy, spec, seen: str, graph, params, coeffs) -> list[dict[
     print(f"  {o.method}: modelled x{original.modelled_cost / o.modelled_cost:.3f} in "
           f"{o.seconds:.1f}s {o.note}", flush=True)
   measured = B.measure_outcomes(
-      graph, params, [o.graph for o in outcomes], rounds=_opt("rounds"), looks=_LOOKS.value,
-      repeats_per_round=_opt("repeats_per_round"),
+      graph, params, [o.graph for o in outcomes], **_TIMING.options(_opt),
       checkpoints=[o.checkpoints for o in outcomes], seed=_SEED.value)
   base = {"model": spec.label, "shape": spec.shape_label, "seen": seen,
           "nodes_in": G.num_nodes(graph)}
@@ -175,8 +174,9 @@ def evaluate_graph(policy, spec, seen: str, graph, params, coeffs) -> list[dict[
 
 def main(argv: list[str]) -> None:
   del argv
+  timing = _TIMING.options(_opt)
   try:  # before training: a bad timing setting would fail every row at its end
-    measure.check_settings(_opt("rounds"), _opt("repeats_per_round"), looks=_LOOKS.value)
+    measure.check_settings(**timing)
   except measure.MeasurementError as e:
     raise app.UsageError(str(e)) from None
   size = _opt("size")
@@ -198,15 +198,18 @@ def main(argv: list[str]) -> None:
   header = (f"# xrlflow_jax generalisation\n\n{machine.machine_header()}\n- every graph at capacity "
             f"{capacity}; rules: {len(ruleset)} x {ruleset.max_locations} locations; greedy "
             f"{_opt('greedy_steps')} steps, taso budget {_opt('taso_budget')}; timing: "
-            f"{_opt('rounds')} interleaved rounds x {_opt('repeats_per_round')} runs, up to "
-            f"{_LOOKS.value} sets while a guard verdict is 'no change'")
+            f"{timing['rounds']} interleaved rounds x {timing['repeats_per_round']} runs, up to "
+            f"{timing['looks']} sets while a guard verdict is 'no change'")
   print(header, flush=True)
-  policy = training.train_ppo([s.label for s in train_specs], [g for g, _ in train_loaded],
-                              [p for _, p in train_loaded], ppo_config(), coeffs, ruleset,
-                              log=lambda s: print(s, flush=True),
+  started = time.perf_counter()
+  train_graphs, train_params = [g for g, _ in train_loaded], [p for _, p in train_loaded]
+  table = None if not _KERNELS.value else search.fill_kernel_table(
+      train_graphs, train_params, ruleset, coeffs, kernel_table.shared(), _opt("taso_budget"),
+      log=lambda s: print(s, flush=True))
+  policy = training.train_ppo([s.label for s in train_specs], train_graphs, train_params,
+                              ppo_config(), coeffs, ruleset, log=lambda s: print(s, flush=True),
                               max_seconds=_TRAIN_MINUTES.value * 60 or None,
-                              kernels=kernel_table.shared() if _KERNELS.value else None,
-                              kernel_budget=_opt("taso_budget"))
+                              kernel_table=table, started=started)
   B.write_csv([{"update": i + 1, **{k: float(v[i]) for k, v in policy.metrics.items()}}
                for i in range(len(policy.metrics["env_steps"]))], out_dir / "training.csv")
   rows: list[dict[str, Any]] = []

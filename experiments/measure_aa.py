@@ -23,21 +23,15 @@ from pathlib import Path
 import numpy as np
 from absl import app, flags
 
+from xrlflow_jax.cli import flags as cli_flags
 from xrlflow_jax.harness import machine
 from xrlflow_jax import cost, measure, search, workflow
 
 _MODELS = flags.DEFINE_list("models", ["squeezenet1_1", "resnet18"], "Zoo models or .onnx files.")
 _SIZE = flags.DEFINE_enum("size", "tiny", ["tiny", "default"], "Zoo model size.")
 _RUNS = flags.DEFINE_integer("runs", 50, "A/A comparisons per model (and per series).")
-_ROUNDS = flags.DEFINE_integer("rounds", 10, "Interleaved rounds per comparison.")
-_REPEATS = flags.DEFINE_integer("repeats_per_round", 3, "Timed runs per graph per round (at "
-                                "least; see --min_round_ms).")
-_MIN_ROUND = flags.DEFINE_float("min_round_ms", 30.0, "More runs per round for a fast graph, so "
-                                "that one graph's round lasts about this long (0: exactly "
-                                "--repeats_per_round), as the optimise job does.")
-_LOOKS = flags.DEFINE_integer("looks", 1, "Sets of --rounds rounds at most, another only "
-                              "while the verdict is 'no change' (`measure.compare`'s looks; "
-                              "the optimise job's guard uses 2).")
+_TIMING = cli_flags.define_timing_flags(looks_default=1,
+                                        looks_note="the optimise job's guard uses 2")
 _SEED = flags.DEFINE_integer("seed", 0, "Comparison i uses seed --seed + i (round orders, random "
                              "inputs, bootstrap): a second run with another --seed adds "
                              "independent comparisons.")
@@ -74,10 +68,8 @@ def series(graph, candidate, params, label: str) -> dict:
   verdicts, ratios, lower = [], [], 0
   t0 = time.perf_counter()
   for i in range(_RUNS.value):
-    cmp = measure.compare(graph, [candidate], params, rounds=_ROUNDS.value,
-                          repeats_per_round=_REPEATS.value, min_round_ms=_MIN_ROUND.value,
-                          seed=_SEED.value + i, time_unchanged=True, looks=_LOOKS.value,
-                          level=_LEVEL.value)
+    cmp = measure.compare(graph, [candidate], params, **_TIMING.options(),
+                          seed=_SEED.value + i, time_unchanged=True, level=_LEVEL.value)
     verdicts.append(cmp.speedups[0].verdict)
     ratios.append(cmp.speedups[0].ratio)
     lower += cmp.candidates[0].median_ms < cmp.reference.median_ms  # a bare median comparison
@@ -98,18 +90,18 @@ def series(graph, candidate, params, label: str) -> dict:
 def main(argv: list[str]) -> None:
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+  timing = _TIMING.options()
   try:
-    measure.check_settings(_ROUNDS.value, _REPEATS.value, min_round_ms=_MIN_ROUND.value,
-                           looks=_LOOKS.value)
+    measure.check_settings(**timing)
   except measure.MeasurementError as e:
     raise app.UsageError(str(e)) from None
   if not 0.5 < _LEVEL.value < 1:
     raise app.UsageError(f"--level must lie in (0.5, 1), got {_LEVEL.value}")
   print(machine.machine_header(), flush=True)
-  print(f"- verdict: {measure.look_level(_LEVEL.value, _LOOKS.value):.2%} bootstrap interval over "
-        f"{_ROUNDS.value} rounds (up to {_LOOKS.value} sets of them) x {_REPEATS.value} runs "
-        f"(or more, a round lasting >= {_MIN_ROUND.value:g} ms), an "
-        "identical copy as control", flush=True)
+  print(f"- verdict: {measure.look_level(_LEVEL.value, timing['looks']):.2%} bootstrap interval "
+        f"over {timing['rounds']} rounds (up to {timing['looks']} sets of them) x "
+        f"{timing['repeats_per_round']} runs (or more, a round lasting >= "
+        f"{timing['min_round_ms']:g} ms), an identical copy as control", flush=True)
   coeffs = cost.coefficients()
   results = []
   for name in _MODELS.value:
@@ -128,12 +120,10 @@ def main(argv: list[str]) -> None:
   lo, hi = wilson(total, n)
   print(f"all: {total}/{n} false positives ({100 * total / max(n, 1):.1f}%, 95% CI "
         f"{100 * lo:.1f}-{100 * hi:.1f}%)")
-  Path(_OUTPUT.value).write_text(json.dumps({"machine": machine.machine_info(), "rounds":
-                                             _ROUNDS.value, "repeats_per_round": _REPEATS.value,
-                                             "min_round_ms": _MIN_ROUND.value,
-                                             "level": _LEVEL.value, "looks": _LOOKS.value,
-                                             "series": results, "false_positives": total,
-                                             "runs": n}, indent=2) + "\n")
+  Path(_OUTPUT.value).write_text(json.dumps({"machine": machine.machine_info(), **timing,
+                                             "level": _LEVEL.value, "series": results,
+                                             "false_positives": total, "runs": n},
+                                            indent=2) + "\n")
   print(f"wrote {_OUTPUT.value}")
 
 

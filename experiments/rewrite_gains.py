@@ -17,25 +17,23 @@ from pathlib import Path
 
 from absl import app, flags
 
-from xrlflow_jax import models
+from xrlflow_jax import models, workflow
+from xrlflow_jax.cli import flags as cli_flags
 from xrlflow_jax.harness import rewrite_gains as gains
-from xrlflow_jax.cost import latency
+from xrlflow_jax.measure import latency
 from xrlflow_jax.cost import model as cost_model
 from xrlflow_jax.harness import machine
-from xrlflow_jax.harness.variants import RewriteWalker, load_model
+from xrlflow_jax.rules.walk import RewriteWalker
 
 _MODELS = flags.DEFINE_list("models", ["bert", "resnet18", "squeezenet1_1"],
                             "Zoo models, or 'all'.")
 _SIZE = flags.DEFINE_enum("size", "tiny", list(models.SIZES), "Zoo model size.")
 _FAMILIES = flags.DEFINE_list("families", None, "Rule families (default: all).")
 _MAX_APPLY = flags.DEFINE_integer("max_apply", 200, "Most applications of one rule per model.")
-_ROUNDS = flags.DEFINE_integer("rounds", 10, "Interleaved timing rounds.")
+_TIMING = cli_flags.define_timing_flags(repeats_name="repeats")
 _PASSES = flags.DEFINE_integer(
     "passes", 3, "Independent measurement passes (each compiles every graph afresh); the ratio "
     "is their geometric mean and the table shows their range.")
-_REPEATS = flags.DEFINE_integer("repeats", 3, "Least timed runs per graph per round.")
-_MIN_ROUND_MS = flags.DEFINE_float("min_round_ms", 30.0,
-                                   "Timed runs per graph per round are raised to last this long.")
 _COEFFS = flags.DEFINE_string("coeffs", None, "Coefficients JSON (default: the shipped ones).")
 _BACKEND = flags.DEFINE_string("backend", None, "JAX platform (default: JAX's default).")
 _OUT = flags.DEFINE_string("out", None, "Write the rows as JSON here.")
@@ -53,14 +51,14 @@ def main(argv: list[str]) -> None:
   walkers: dict[tuple[int, ...], RewriteWalker] = {}
   rows = []
   for spec in names:
-    graph, params, name = load_model(spec, _SIZE.value)
+    loaded = workflow.load(spec, size=_SIZE.value)
+    graph, params, name = loaded.graph, loaded.params, loaded.name
     key = tuple(graph.senders.shape) + tuple(graph.nodes["op"].shape)
     if key not in walkers:
       walkers[key] = RewriteWalker()
     rows += gains.rewrite_gains(graph, params, model=name, walker=walkers[key], coeffs=coeffs,
                                 families=_FAMILIES.value, max_apply=_MAX_APPLY.value,
-                                rounds=_ROUNDS.value, repeats_per_round=_REPEATS.value,
-                                min_round_ms=_MIN_ROUND_MS.value, passes=_PASSES.value,
+                                **_TIMING.options(), passes=_PASSES.value,
                                 backend=_BACKEND.value)
   print()
   print(gains.markdown(rows, machine.machine_description(_BACKEND.value)))

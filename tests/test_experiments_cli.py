@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from xrlflow_jax import cost
+from xrlflow_jax import cost, measure
 from xrlflow_jax.harness import device_report
 
 REPO = Path(__file__).resolve().parents[1]
@@ -108,13 +108,13 @@ def test_benchmark_rows_say_what_the_measured_guard_returns():
   """`returned_speedup`: a method's measured speedup when its verdict keeps its graph
   ("faster", "unchanged"), the input's 1.0 otherwise, never above what was measured faster;
   n/a for another optimiser's graph (no guard of ours applies to it)."""
-  from tests.test_search import toy_graph  # pylint: disable=g-import-not-at-top
+  from tests._graphs import toy_graph  # pylint: disable=g-import-not-at-top
   from xrlflow_jax import measure  # pylint: disable=g-import-not-at-top
   from xrlflow_jax.harness import benchmark as B  # pylint: disable=g-import-not-at-top
   graph, _ = toy_graph()
 
-  def stats(ms: float) -> cost.LatencyStats:
-    return cost.LatencyStats(ms, 0.9 * ms, 1.1 * ms, 10, 0.0, "cpu", "cpu")
+  def stats(ms: float) -> measure.LatencyStats:
+    return measure.LatencyStats(ms, 0.9 * ms, 1.1 * ms, 10, 0.0, "cpu", "cpu")
 
   def verdict(name: str, ratio: float) -> measure.Speedup:
     return measure.Speedup(ratio, ratio - 0.01, ratio + 0.01, 1.0, 0.99, 1.01, name, 0.95, 10)
@@ -145,7 +145,7 @@ def test_benchmark_rows_say_what_the_measured_guard_returns():
       "", "layout 2, conv_activation 1", "", "", "layout 1", ""]
 
   # With prefixes timed in the same rounds: the fastest measured faster at the Bonferroni
-  # level of 1 + k verdicts (`search.guard.checkpoint_level`), else the input.
+  # level of 1 + k verdicts (`measure.guard.checkpoint_level`), else the input.
   rng = np.random.default_rng(0)
   ref = 1.0 + 0.01 * rng.standard_normal(12)
   copy = ref * (1.0 + 0.005 * rng.standard_normal(12))
@@ -171,7 +171,7 @@ def test_benchmark_guard_replays_the_optimise_jobs_looks():
   late = np.concatenate([1.04 + 0.08 * rng.standard_normal(10),  # gain hidden in the noise
                          1.12 + 0.005 * rng.standard_normal(10)])
   undone = np.concatenate([np.full(10, 1.30), np.full(10, 0.70)])  # faster, then slower
-  stats = cost.LatencyStats(1.0, 0.9, 1.1, 10, 0.0, "cpu", "cpu")
+  stats = measure.LatencyStats(1.0, 0.9, 1.1, 10, 0.0, "cpu", "cpu")
   changed = measure.Speedup(1.0, 0.9, 1.1, 1.0, 0.99, 1.01, "no change", 0.95, 20)
 
   def comparison(*ratios, unchanged=()):
@@ -208,7 +208,7 @@ def test_benchmark_guard_replays_the_optimise_jobs_looks():
 def test_benchmark_verdicts_stay_at_95_percent_with_looks_and_prefixes():
   """The benchmark times at the strictest guard level (prefixes, looks), but each graph's own
   verdict column is its 95% interval over every round timed."""
-  from tests.test_search import toy_graph  # pylint: disable=g-import-not-at-top
+  from tests._graphs import toy_graph  # pylint: disable=g-import-not-at-top
   from xrlflow_jax import measure  # pylint: disable=g-import-not-at-top
   from xrlflow_jax.harness import benchmark as B  # pylint: disable=g-import-not-at-top
   from xrlflow_jax.ops import Op  # pylint: disable=g-import-not-at-top
@@ -239,7 +239,7 @@ def test_benchmarks_refuse_bad_looks_before_any_work(tmp_path, binary):
 def test_benchmark_checks_the_outputs_of_the_prefixes_it_times():
   """A search's checkpoint prefix is timed beside its graph and must compute what the original
   does: one that does not fails the method's row (its numerics are the prefix's)."""
-  from tests.test_search import toy_graph  # pylint: disable=g-import-not-at-top
+  from tests._graphs import toy_graph  # pylint: disable=g-import-not-at-top
   from xrlflow_jax.harness import benchmark as B  # pylint: disable=g-import-not-at-top
   from xrlflow_jax.ops import Op  # pylint: disable=g-import-not-at-top
   from xrlflow_jax.search.guard import Checkpoint  # pylint: disable=g-import-not-at-top
@@ -362,3 +362,32 @@ def test_device_report_stops_cleanly_without_a_cost_model(monkeypatch):
   assert report["failed"] == ["calibration"] and "CostModelError" in report["calibration"]["error"]
   assert report["device"]["platform"] == "cpu" and "env" not in report
   assert "**calibration failed**: CostModelError" in device_report.markdown(report)
+
+
+def test_timing_flags_are_defined_once_for_every_binary():
+  """`cli.flags.define_timing_flags`: the names, defaults and help each binary passes, claimed
+  by the calling module (so its --helpshort lists them), and `options()` as `measure.compare`'s
+  keywords (a binary's preset reader applied)."""
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  from xrlflow_jax.cli import flags as cli_flags  # pylint: disable=g-import-not-at-top
+  fv = flags.FlagValues()
+  job = cli_flags.define_timing_flags(rounds_name="latency_rounds", looks_name="latency_looks",
+                                      looks_default=2, flag_values=fv)
+  assert {f.name for f in fv.get_flags_for_module(__name__)} == {
+      "latency_rounds", "latency_looks", "repeats_per_round", "min_round_ms"}
+  assert "--latency_rounds rounds" in fv["latency_looks"].help
+  fv(["prog", "--latency_rounds=7", "--min_round_ms=0"])
+  assert job.options() == {"rounds": 7, "repeats_per_round": 3, "min_round_ms": 0.0,
+                           "looks": 2}
+  assert job.options(lambda name: -1 if name == "latency_looks" else fv[name].value)["looks"] == -1
+
+  fv = flags.FlagValues()
+  plain = cli_flags.define_timing_flags(repeats_name="repeats", flag_values=fv)
+  assert set(fv) == {"rounds", "repeats", "min_round_ms"} and plain.looks is None
+  assert "exactly --repeats" in fv["min_round_ms"].help
+  fv(["prog"])
+  assert plain.options() == {"rounds": 10, "repeats_per_round": 3, "min_round_ms": 30.0}
+  fv = flags.FlagValues()
+  cli_flags.define_timing_flags(looks_default=1, min_round_ms_default=None, flag_values=fv)
+  assert set(fv) == {"rounds", "repeats_per_round", "looks"}
+  assert "--min_round_ms" not in fv["repeats_per_round"].help

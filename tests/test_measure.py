@@ -354,3 +354,45 @@ def test_precision_policy_reaches_every_matmul_and_convolution():
                         time_unchanged=True, tolerance=1e-6, precision="default")
   assert cmp.numerics[0].passed
   assert measure.check_numerics(graph, graph, params, precision="high").passed
+
+
+# ------------------------------------------------------------------------------ the one guard
+
+def _sp(verdict: str, ratio: float) -> measure.Speedup:
+  return measure.Speedup(ratio, ratio - 0.01, ratio + 0.01, 1.0, 0.99, 1.01, verdict, 0.95, 10)
+
+
+@pytest.mark.parametrize("path, prefixes, kept, rewrites, ratio", [
+    (_sp("faster", 1.3), [], "path", 7, 1.3),
+    (_sp("faster", 1.3), [_sp("faster", 1.2), _sp("no change", 1.4)], "path", 7, 1.3),
+    (_sp("faster", 1.3), [_sp("faster", 1.3)], "path", 7, 1.3),  # a tie: the whole path
+    (_sp("no change", 1.1), [_sp("faster", 1.2), _sp("faster", 1.25)], "checkpoint", 5, 1.25),
+    (_sp("faster", 1.1), [_sp("faster", 1.2), _sp("slower", 0.9)], "checkpoint", 2, 1.2),
+    (_sp("no change", 1.1), [_sp("no change", 1.2)], "input", 0, 1.0),
+    (_sp("slower", 0.8), [], "input", 0, 1.0),
+])
+def test_the_guard_keeps_the_fastest_significantly_faster_graph(path, prefixes, kept, rewrites,
+                                                                ratio):
+  d = measure.decide(path, 7, prefixes, [2, 5][:len(prefixes)])
+  assert (d.kept, d.rewrites, d.of, d.speedup.ratio) == (kept, rewrites, 7, ratio)
+  assert d.path_speedup is path and d.checkpoint_speedups == tuple(prefixes)
+  assert d.returns_input == (kept == "input")
+  if kept == "input":
+    assert d.index is None and d.speedup.verdict == "unchanged"
+  else:
+    assert d.speedup is ([path] + prefixes)[d.index]
+
+
+def test_the_guard_keeps_an_unchanged_path_and_says_it_returns_the_input():
+  d = measure.decide(measure.Speedup.unchanged(), 0)
+  assert d.kept == "path" and d.returns_input and d.speedup.verdict == "unchanged"
+
+
+def test_the_guard_refuses_verdicts_that_do_not_match_the_prefixes():
+  with pytest.raises(ValueError, match="2 checkpoint verdicts for 1 prefixes"):
+    measure.decide(_sp("faster", 1.2), 3, [_sp("faster", 1.1)] * 2, [1])
+
+
+def test_the_guard_levels_keep_the_false_positive_rate():
+  assert measure.guard.checkpoint_level(0) == pytest.approx(measure.LEVEL)
+  assert measure.guard.checkpoint_level(2) == pytest.approx(1 - (1 - measure.LEVEL) / 3)

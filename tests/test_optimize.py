@@ -23,7 +23,6 @@ from xrlflow_jax import graph as G
 from xrlflow_jax import optimize as opt
 from xrlflow_jax import visualize
 from xrlflow_jax.agents import training
-from xrlflow_jax.search import guard as search_guard
 
 # Enlarging a 1x1 kernel (+0.4% modelled) then merging it with its 3x3 sibling (-3%): TASO finds
 # the pair within three expansions on tiny SqueezeNet. The exported SqueezeNet has bias-free
@@ -127,8 +126,8 @@ def test_picture(zoo_report):
   assert png.is_file() and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def _stats(median_ms: float) -> cost.LatencyStats:
-  return cost.LatencyStats(median_ms, 0.9 * median_ms, 1.1 * median_ms, 10, 0.0, "cpu", "cpu")
+def _stats(median_ms: float) -> measure.LatencyStats:
+  return measure.LatencyStats(median_ms, 0.9 * median_ms, 1.1 * median_ms, 10, 0.0, "cpu", "cpu")
 
 
 def _verdict(name: str) -> measure.Speedup:
@@ -147,10 +146,11 @@ def test_measured_guard_keeps_the_input_unless_faster(zoo_report):
   def comparison(verdict: str, after_ms: float) -> measure.Comparison:
     return measure.Comparison(before, before, [_stats(after_ms)], [_verdict(verdict)])
 
-  kept, after, verdict = opt.measured_guard(loaded, found, comparison("faster", 0.8))
-  assert kept is found and after.median_ms == 0.8 and verdict.faster
+  kept, after, verdict, decision = opt.measured_guard(loaded, found, comparison("faster", 0.8))
+  assert kept is found and after.median_ms == 0.8 and verdict.faster and decision.kept == "path"
   for name, ms in (("no change", 0.99), ("slower", 1.2)):  # a lower median is not enough
-    kept, after, verdict = opt.measured_guard(loaded, found, comparison(name, ms))
+    kept, after, verdict, decision = opt.measured_guard(loaded, found, comparison(name, ms))
+    assert decision.kept == "input" and decision.path_speedup.verdict == name
     assert kept.graph is report.input_graph and kept.rewrites == [] and after is before
     assert kept.cost_ms == report.cost_before_ms and verdict.verdict == "unchanged"
     assert kept.details["measured_guard"]["rejected_latency_median_ms"] == ms
@@ -461,12 +461,12 @@ def test_against_is_refused_clearly(zoo_report, tmp_path, shared_dir):
 
 def test_checkpoint_lengths_are_the_last_family_changes():
   fams = ["merge", "merge", "dedupe", "dedupe", "merge", "layout"]
-  assert search_guard.checkpoint_lengths(fams, 2) == [4, 5]
-  assert search_guard.checkpoint_lengths(fams, 5) == [2, 4, 5]
-  assert search_guard.checkpoint_lengths(fams, 0) == []
-  assert search_guard.checkpoint_lengths(["merge"] * 3, 2) == []
-  assert search_guard.checkpoint_level(0) == pytest.approx(0.95)  # no prefix: the usual level
-  assert search_guard.checkpoint_level(2) == pytest.approx(1 - 0.05 / 3)
+  assert measure.guard.checkpoint_lengths(fams, 2) == [4, 5]
+  assert measure.guard.checkpoint_lengths(fams, 5) == [2, 4, 5]
+  assert measure.guard.checkpoint_lengths(fams, 0) == []
+  assert measure.guard.checkpoint_lengths(["merge"] * 3, 2) == []
+  assert measure.guard.checkpoint_level(0) == pytest.approx(0.95)  # no prefix: the usual level
+  assert measure.guard.checkpoint_level(2) == pytest.approx(1 - 0.05 / 3)
 
 
 # Tiny NasRNN: the gate merges (4), the dedupes of the Concats they repeat (3), then one row
@@ -524,11 +524,12 @@ def test_measured_guard_prefers_the_whole_path_when_it_measures_at_least_as_fast
     return measure.Comparison(before, before, [_stats(0.8), _stats(0.9)],
                               [_verdict(whole), _verdict(prefix)])
 
-  kept, _, verdict = opt.measured_guard(loaded, found, comparison("faster", "faster"), [1])
+  kept, _, verdict, _ = opt.measured_guard(loaded, found, comparison("faster", "faster"), [1])
   assert kept.graph is report.graph and verdict.faster  # equal ratios: the whole path
   assert kept.details["checkpoints"][0]["rewrites"] == 1 and "checkpoint" not in kept.details
-  kept, _, _ = opt.measured_guard(loaded, found, comparison("no change", "no change"), [1])
+  kept, _, _, _ = opt.measured_guard(loaded, found, comparison("no change", "no change"), [1])
   assert kept.graph is report.input_graph and "measured_guard" in kept.details
-  kept, _, _ = opt.measured_guard(loaded, found, comparison("slower", "faster"), [1])
+  kept, _, _, decision = opt.measured_guard(loaded, found, comparison("slower", "faster"), [1])
   assert kept.rewrites == list(report.rewrites)[:1] and kept.details["checkpoint"]["of"] == len(
       report.rewrites)
+  assert (decision.kept, decision.rewrites, decision.index) == ("checkpoint", 1, 1)

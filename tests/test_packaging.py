@@ -118,12 +118,23 @@ def _run(site: Path, code: str, cwd: Path, timeout: int = 600) -> subprocess.Com
                         text=True, check=False, cwd=cwd, env=env, timeout=timeout)
 
 
-CORE = ("ops", "graph", "executor.py", "models", "onnx_io", "rules", "env", "cost", "agents",
-        "search", "workflow", "measure.py", "errors.py", "compilation_cache.py",
-        "trace_cache.py", "xla_options.py")
-# Command lines inside the core may use the layer above: `python -m xrlflow_jax.cost fit`
-# calibrates on rewritten variants drawn by the harness's walker.
-CORE_MAINS = ("cost/__main__.py",)
+# The package's layers, lowest first: a module may import its own layer and the ones below it,
+# never one above (`python -m` command lines inside a package included).
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("errors", "xla_options", "compilation_cache"),
+    ("ops",),
+    ("trace_cache",),
+    ("graph",),
+    ("executor", "models", "visualize"),
+    ("measure", "onnx_io", "rules"),
+    ("workflow", "env"),
+    ("cost",),
+    ("agents",),
+    ("search",),
+    ("configs",),
+    ("optimize", "harness"),
+    ("cli",),
+)
 
 
 def _imports(path: Path) -> list[tuple[int, str]]:
@@ -149,15 +160,30 @@ def test_no_library_module_imports_experiments():
   assert not offenders, "\n".join(offenders)
 
 
-def test_core_imports_nothing_from_the_layers_above_it():
+def _part(path: Path) -> str:
+  rel = path.relative_to(ROOT / "xrlflow_jax")
+  return rel.parts[0].removesuffix(".py")
+
+
+def test_every_import_points_down_the_layers():
   lib = ROOT / "xrlflow_jax"
-  paths = [p for c in CORE for p in (sorted((lib / c).rglob("*.py")) if (lib / c).is_dir()
-                                     else [lib / c])
-           if str(p.relative_to(lib)) not in CORE_MAINS]
-  assert len(paths) > 50, len(paths)
-  offenders = _offenders(paths, ["xrlflow_jax.harness", "xrlflow_jax.optimize",
-                                 "xrlflow_jax.visualize", "experiments"])
-  assert not offenders, "\n".join(offenders)
+  layer = {name: i for i, names in enumerate(LAYERS) for name in names}
+  parts = {_part(p) for p in lib.rglob("*.py")} - {"__init__", "__main__"}
+  assert parts == set(layer), f"unlayered: {sorted(parts - set(layer))}, gone: " \
+      f"{sorted(set(layer) - parts)}"
+  offenders = []
+  for path in sorted(lib.rglob("*.py")):
+    here = _part(path)
+    if here in ("__init__", "__main__"):
+      continue
+    for line, name in _imports(path):
+      bits = name.split(".")
+      if bits[0] != "xrlflow_jax" or len(bits) < 2 or bits[1] not in layer:
+        continue
+      if layer[bits[1]] > layer[here]:
+        offenders.append(f"{path.relative_to(ROOT)}:{line} imports {name} (layer "
+                         f"{bits[1]} is above {here})")
+  assert not offenders, "\n".join(sorted(set(offenders)))
 
 
 def test_wheel_holds_the_library_its_data_and_configs_only(installed):

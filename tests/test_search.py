@@ -28,6 +28,8 @@ from xrlflow_jax.ops import Op
 from xrlflow_jax.search import api
 from xrlflow_jax.search.policy import _policy_net
 
+from tests._graphs import toy_graph
+
 
 def synthetic_coeffs(**weights: float) -> cost.CostCoefficients:
   """Cost coefficients that are `weights` ({feature name with '_' for '.': ms per unit}) and
@@ -50,15 +52,6 @@ INITIAL, OPTIMUM = 3.5, 2.5
 COEFFS = synthetic_coeffs(matmul_launch=1.0, loop_launch=1.5)
 CAPACITY = 32
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def toy_graph(capacity: int = CAPACITY):
-  b = GraphBuilder()
-  x = b.input([8, 16])
-  w1, w2 = b.weight([16, 16]), b.weight([16, 16])
-  y = b.concat([b.matmul(x, w1), b.matmul(x, w2)], axis=1)
-  b.output(b.add(y, b.input([8, 32])))
-  return b.build(capacity=capacity)
 
 
 @pytest.fixture(scope="module")
@@ -436,8 +429,8 @@ def test_policy_observes_what_an_exact_delta_environment_offers(toy, ruleset, ex
     assert np.asarray(obs.action_mask)[:-1].sum() == cap < np.asarray(exp.valid).sum()
 
 
-def _stats(ms: float) -> cost.LatencyStats:
-  return cost.LatencyStats(ms, ms * 0.9, ms * 1.1, 10, 0.1, "cpu", "cpu")
+def _stats(ms: float) -> measure.LatencyStats:
+  return measure.LatencyStats(ms, ms * 0.9, ms * 1.1, 10, 0.1, "cpu", "cpu")
 
 
 def _verdict(name: str) -> measure.Speedup:
@@ -779,8 +772,8 @@ def test_measured_guard_returns_a_prefix_measured_faster(monkeypatch, gate_merge
   assert calls == [(1, pytest.approx(0.95))]
   assert "checkpoints" not in alone.options and "checkpoint" not in alone.options
   assert len(alone.rewrites) == 9 and alone.measured.ratio == pytest.approx(1.1)
-  assert search.guard.fastest_faster([_verdict("faster")] * 2) == 0  # a tie: the whole path
-  assert search.guard.fastest_faster([_verdict("no change")]) is None
+  assert measure.guard.fastest_faster([_verdict("faster")] * 2) == 0  # a tie: the whole path
+  assert measure.guard.fastest_faster([_verdict("no change")]) is None
 
 
 def test_a_fast_compile_search_builds_its_first_expansion_in_windows(toy, ruleset, expander,

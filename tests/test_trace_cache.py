@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 from xrlflow_jax import compilation_cache, cost, search, trace_cache
+from xrlflow_jax.agents import networks
 from xrlflow_jax.cost import incremental
 from xrlflow_jax.rules import RuleSet
 from xrlflow_jax.rules.library import builtin_rules
@@ -318,6 +319,15 @@ def test_a_ppo_trainer_is_fingerprinted_by_what_builds_it():
   outside = (lambda g: cost.graph_cost(g, bumped))  # pylint: disable=unnecessary-lambda
   with pytest.raises(trace_cache.Unfingerprintable):
     trace_cache.fingerprint(_with_cost_fn(run.env, outside))
+  # The network's layer, swapped in after the agent is built, is part of the key too.
+  agent = _toy_run().trainer.agent
+  key = trace_cache.fingerprint(agent)
+  agent.network = agent.network.clone(gat_layer=_OtherLayer)
+  assert trace_cache.fingerprint(agent) != key
+
+
+class _OtherLayer(networks.GATLayer):
+  """A layer class other than the default (same computation)."""
 
 
 def _with_cost_fn(env, cost_fn):

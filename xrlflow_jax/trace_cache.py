@@ -34,6 +34,7 @@ import dataclasses
 import enum
 import functools
 import hashlib
+import importlib
 import os
 import pickle
 import platform
@@ -277,7 +278,7 @@ def serialization_available() -> bool:
   """Whether `jax.export` can serialize here (it needs the flatbuffers package, a declared
   dependency); when it cannot, one note goes to stderr and traced functions are not stored."""
   try:
-    from jax._src.export import serialization  # pylint: disable=g-import-not-at-top,unused-import
+    importlib.import_module("jax._src.export.serialization")  # what `serialize` imports
   except ImportError as e:
     print(f"note: traced functions are not kept on disk ({e}); each process traces afresh",
           file=sys.stderr)

@@ -286,16 +286,19 @@ class GraphEncoder(nn.Module):
   Returns (node embeddings float32[N, H], graph embedding float32[H]). With `remat`, each
   layer's activations are recomputed in the backward pass instead of stored (the `candidates`
   head encodes R * L graphs per observation; without it their edge activations dominate memory).
+  `gat_layer`: the layer's module class, built as `gat_layer(hidden, heads, name=...)` and
+  called as `GATLayer` is (a reference formulation with the same parameters can stand in).
   """
   hidden: int = 64
   layers: int = 5
   heads: int = 4
   remat: bool = False
+  gat_layer: type[nn.Module] = GATLayer
 
   @nn.compact
   def __call__(self, x: EncoderInputs) -> tuple[jax.Array, jax.Array]:
     hid = self.hidden
-    layer = nn.remat(GATLayer) if self.remat else GATLayer
+    layer = nn.remat(self.gat_layer) if self.remat else self.gat_layer
     op = nn.Embed(len(ops.Op), hid, name="op_embed")(x.op)
     dt = nn.Embed(len(ops.DType), hid // 4, name="dtype_embed")(x.dtype)
     h = MLP((hid, hid), name="node_in")(jnp.concatenate([op, dt, x.node_feats], -1))
@@ -319,6 +322,7 @@ class ActorCritic(nn.Module):
     encoder sizes; remat: recompute encoder activations in the backward pass.
     rule_widths: the nodes each rule binds (P_r <= P, `Rule.num_bound`), R of them; the `local`
       head reads only those slots of a location (None: all P of every rule).
+    gat_layer: the encoder's layer class (`GraphEncoder.gat_layer`).
   """
   head: str
   num_rules: int
@@ -328,6 +332,7 @@ class ActorCritic(nn.Module):
   heads: int = 4
   remat: bool = False
   rule_widths: tuple[int, ...] | None = None
+  gat_layer: type[nn.Module] = GATLayer
 
   def setup(self):
     hid = self.hidden
@@ -335,7 +340,8 @@ class ActorCritic(nn.Module):
     # then candidates for the `candidates` head).
     self.encoder = nn.vmap(GraphEncoder, in_axes=0, out_axes=0,
                            variable_axes={"params": None}, split_rngs={"params": False})(
-                               hid, self.layers, self.heads, self.remat, name="encoder")
+                               hid, self.layers, self.heads, self.remat, self.gat_layer,
+                               name="encoder")
     self.value_head = MLP((hid, hid, 1), name="value_head")
     self.stop_head = MLP((hid, 1), name="stop_head")
     self.rule_embed = nn.Embed(self.num_rules, hid, name="rule_embed")
@@ -497,8 +503,11 @@ class Agent:
                                tuple(rule.num_bound for rule in ruleset.rules))
 
   def __fingerprint__(self) -> tuple:
-    """`trace_cache.fingerprint`: the network is built from these."""
-    return (self.ruleset, self.node_cost_fn, self.config)
+    """`trace_cache.fingerprint`: the network is built from these (its layer and rule widths
+    too: a caller may swap them in with `network.clone`)."""
+    layer = self.network.gat_layer
+    return (self.ruleset, self.node_cost_fn, self.config,
+            f"{layer.__module__}.{layer.__qualname__}", self.network.rule_widths)
 
   def _node_costs(self, obs: Any) -> jax.Array:
     """float32[N]: the observation's node costs (computed once per step by the environment),

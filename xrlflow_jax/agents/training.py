@@ -20,16 +20,12 @@ from typing import Any, Callable, Sequence
 import jax
 import numpy as np
 
-from xrlflow_jax import cost, search, workflow
+from xrlflow_jax import cost
 from xrlflow_jax import graph as G
 from xrlflow_jax.agents import ppo, runs
 from xrlflow_jax.graph import Graph, ParamStore
 
 Log = Callable[[str], None]
-
-# Graphs a TASO-style search expands from each training graph to fill the kernel table.
-DEFAULT_KERNEL_BUDGET = 200
-
 
 @dataclasses.dataclass
 class TrainedPolicy:
@@ -57,37 +53,11 @@ class TrainedPolicy:
     return graph, float(np.asarray(self.state.best_cost)[index])
 
 
-def fill_kernel_table(graphs: Sequence[Graph], params: Sequence[ParamStore], ruleset,
-                      coeffs: cost.CostCoefficients, kernels: cost.KernelTimes,
-                      budget: int = DEFAULT_KERNEL_BUDGET, log: Log | None = None
-                      ) -> cost.KernelTable:
-  """The kernel table a training environment costs with: the kernels of every graph a
-  TASO-style search of `budget` expansions meets from each of `graphs` (the search measures
-  the ones `kernels` lacks); budget 0: the graphs' own kernels only (for a caller whose own
-  search from these graphs has filled `kernels` already). Kernels an episode meets beyond
-  those keep the roofline's estimate inside the jitted environment, which cannot measure
-  them."""
-  before = len(kernels)
-  t0 = time.perf_counter()
-  for g, p in zip(graphs, params):
-    if budget > 0:
-      search.optimize(g, p, "taso", ruleset, coeffs, measure=False, kernels=kernels,
-                      budget=budget)
-    else:
-      kernels.add(g)
-  if log:
-    how = (f"a TASO-style search of budget {budget} per graph" if budget > 0
-           else "the training graphs themselves")
-    log(f"kernel table for training: {len(kernels)} kernels ({len(kernels) - before} added by "
-        f"{how}, {time.perf_counter() - t0:.0f}s)")
-  return kernels.table()
-
-
 def train_ppo(names: Sequence[str], graphs: Sequence[Graph], params: Sequence[ParamStore],
               config: Any, coeffs: cost.CostCoefficients, ruleset=None,
               log: Log | None = None, *, max_seconds: float | None = None,
-              updates_per_chunk: int = 10, kernels: cost.KernelTimes | None = None,
-              kernel_budget: int = DEFAULT_KERNEL_BUDGET,
+              updates_per_chunk: int = 10, kernel_table: cost.KernelTable | None = None,
+              started: float | None = None,
               devices: Sequence[jax.Device] | None = None) -> TrainedPolicy:
   """Trains PPO on a pool of graphs (one capacity), in jitted chunks of `updates_per_chunk`
   updates (the largest divisor of the run's updates not above it; one compile), logging after
@@ -96,20 +66,16 @@ def train_ppo(names: Sequence[str], graphs: Sequence[Graph], params: Sequence[Pa
   Args:
     config: a PPO config (xrlflow_jax/configs/ppo.py); `ruleset` overrides its
       `env.rules` / `max_locations`.
-    max_seconds: a wall-clock budget (the kernel table and compiles included): training stops
-      after the first chunk that ends past it (None: the config's whole run);
-      `TrainedPolicy.env_steps` says how far it got.
-    kernels: measured kernel times: the environment then costs with them (`fill_kernel_table`
-      with `kernel_budget`; 0: no search, the graphs' own kernels), as the searches and the
-      policy's rollouts do; None: the roofline.
+    max_seconds: a wall-clock budget from `started` (`time.perf_counter()`; None: now), the
+      compiles included: training stops after the first chunk that ends past it (None: the
+      config's whole run); `TrainedPolicy.env_steps` says how far it got.
+    kernel_table: measured kernel times the environment costs with (as the searches and the
+      policy's rollouts do: `search.fill_kernel_table` fills one from the graphs a TASO-style
+      search meets); None: the roofline.
     devices: the trainer's devices (default: every local device).
   """
-  t0 = time.perf_counter()
-  table = None
-  if kernels is not None:
-    rs = ruleset if ruleset is not None else workflow.ruleset(config.env.rules,
-                                                              int(config.env.max_locations))
-    table = fill_kernel_table(graphs, params, rs, coeffs, kernels, kernel_budget, log)
+  t0 = time.perf_counter() if started is None else started
+  table = kernel_table
   run = runs.build(config, devices, coeffs=coeffs, pool=(names, graphs, params),
                    ruleset=ruleset, kernels=table)
   cfg = run.trainer.config

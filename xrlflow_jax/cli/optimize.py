@@ -27,6 +27,7 @@ from typing import Sequence
 from absl import app, flags, logging
 
 from xrlflow_jax import optimize as opt
+from xrlflow_jax.cli import flags as cli_flags
 from xrlflow_jax.errors import UsageError, XrlflowError
 
 _MODEL = flags.DEFINE_string("model", None, "A zoo model name (default: squeezenet1_1 when "
@@ -50,15 +51,8 @@ _RULES = flags.DEFINE_list("rules", [], "Rules and rule sets: built-in rule name
                            "PPO test config's five for ppo). The searches keep the rules that "
                            "can fire.")
 _MEASURE = flags.DEFINE_bool("measure", True, "Measure XLA latency of both graphs.")
-_ROUNDS = flags.DEFINE_integer("latency_rounds", 10, "Interleaved timing rounds.")
-_LOOKS = flags.DEFINE_integer("latency_looks", opt.DEFAULT_LOOKS, "Sets of --latency_rounds "
-                              "rounds timed at most: another only while the verdict is 'no "
-                              "change' (each verdict at a level shared over the sets).")
-_REPEATS = flags.DEFINE_integer("repeats_per_round", 3, "Timed runs per graph per round (at "
-                                "least; see --min_round_ms).")
-_MIN_ROUND = flags.DEFINE_float("min_round_ms", 30.0, "More runs per round for a fast graph, so "
-                                "that one graph's round lasts about this long (0: exactly "
-                                "--repeats_per_round).")
+_TIMING = cli_flags.define_timing_flags(rounds_name="latency_rounds", looks_name="latency_looks",
+                                        looks_default=opt.DEFAULT_LOOKS)
 _PICTURE = flags.DEFINE_bool("picture", True, "Draw graph.png.")
 _KEEP_SLOWER = flags.DEFINE_bool("keep_slower", False, "Keep the optimised graph even when XLA "
                                  "measures it no faster than the input (default: keep the input).")
@@ -107,9 +101,9 @@ def main(argv: Sequence[str]) -> None:
         source, method=_METHOD.value, size=_SIZE.value, input_shapes=shapes or None,
         output_dir=_OUTPUT.value or None, budget=_BUDGET.value, seed=_SEED.value,
         capacity=_CAPACITY.value or None, rules=_RULES.value or None, measure=_MEASURE.value,
-        latency_rounds=_ROUNDS.value, latency_looks=_LOOKS.value,
-        repeats_per_round=_REPEATS.value,
-        min_round_ms=_MIN_ROUND.value, picture=_PICTURE.value,
+        latency_rounds=_TIMING.rounds.value, latency_looks=_TIMING.looks.value,
+        repeats_per_round=_TIMING.repeats.value,
+        min_round_ms=_TIMING.min_round_ms.value, picture=_PICTURE.value,
         keep_slower=_KEEP_SLOWER.value, compilation_cache_dir=_CACHE.value or None,
         cost_coefficients=_COEFFS.value or None, precision=_PRECISION.value,
         kernel_table=_KERNELS.value, against=_AGAINST.value or None,

@@ -1,24 +1,20 @@
-"""Cost and latency: XLA-measured latency (the ground truth of every speed claim), the per-op
-profiler, and the in-graph cost model calibrated to it.
+"""The cost model: the per-op profiler and the in-graph cost model calibrated to XLA-measured
+latency (`xrlflow_jax.measure`, the ground truth of every speed claim, below this package).
 
-  measure_latency, measure_interleaved, compile_graph    end-to-end XLA timing (latency)
   Profiler, graph_signatures                             per-op timing, cached on disk (profiler)
   node_costs, graph_cost, load_coefficients              jittable cost model (model)
   ModelCost                                              it as a function; candidates' costs
   KernelTimes, KernelTable                               measured MatMul/conv times (kernel_table)
   coefficients                                           this device's, calibrated on first use
-  fit_coefficients, fit_from_profiles                    non-negative least squares (fit)
+  fit_coefficients, fit_from_profiles                    non-negative least squares (fit, scipy's)
 The validation and rewrite-gain harnesses that use it live in `xrlflow_jax.harness`.
 """
 
 from xrlflow_jax.cost import calibrate
 from xrlflow_jax.cost.calibrate import coefficients
-from xrlflow_jax.cost.fit import FitReport, fit_coefficients, fit_from_profiles, nnls
+from xrlflow_jax.cost.fit import FitReport, fit_coefficients, fit_from_profiles
 from xrlflow_jax.cost.incremental import ModelCost
 from xrlflow_jax.cost.kernel_table import KernelTimes
-from xrlflow_jax.cost.latency import (BackendError, CompiledGraph, DeviceMemoryError,
-                                      LatencyStats, compile_graph, measure_interleaved,
-                                      measure_latency, resolve_device, time_callable)
 from xrlflow_jax.cost.model import (FEATURE_NAMES, CostCoefficients, CostModelError,
                                     KernelTable, graph_cost, graph_features, load_coefficients, node_costs,
                                     node_features, save_coefficients)
@@ -26,11 +22,9 @@ from xrlflow_jax.cost.profiler import (GraphProfile, OpSignature, ProfileCache, 
                                        Profiler, graph_signatures)
 
 __all__ = [
-    "BackendError", "CompiledGraph", "CostCoefficients", "CostModelError", "DeviceMemoryError",
-    "FEATURE_NAMES", "FitReport", "GraphProfile", "KernelTable", "KernelTimes", "LatencyStats",
-    "ModelCost",
-    "OpSignature", "ProfileCache", "ProfileError", "Profiler", "calibrate", "coefficients", "compile_graph", "fit_coefficients", "fit_from_profiles",
-    "graph_cost", "graph_features", "graph_signatures", "load_coefficients", "measure_interleaved",
-    "measure_latency", "nnls", "node_costs", "node_features", "resolve_device",
-    "save_coefficients", "time_callable",
+    "CostCoefficients", "CostModelError", "FEATURE_NAMES", "FitReport", "GraphProfile",
+    "KernelTable", "KernelTimes", "ModelCost", "OpSignature", "ProfileCache", "ProfileError",
+    "Profiler", "calibrate", "coefficients", "fit_coefficients", "fit_from_profiles",
+    "graph_cost", "graph_features", "graph_signatures", "load_coefficients", "node_costs",
+    "node_features", "save_coefficients",
 ]

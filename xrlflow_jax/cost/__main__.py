@@ -28,15 +28,16 @@ from typing import Sequence
 import jax
 import numpy as np
 
-from xrlflow_jax import models
+from xrlflow_jax import models, workflow
 from xrlflow_jax.cost import calibrate as calibrate_lib
 from xrlflow_jax.cost import fit as fit_lib
 from xrlflow_jax.cost import fusion_profile
-from xrlflow_jax.cost import latency
+from xrlflow_jax.measure import latency
 from xrlflow_jax.cost import model as cost_model
 from xrlflow_jax.cost import profiler as profiler_lib
-from xrlflow_jax.harness import variants as variants_lib
+from xrlflow_jax.rules.walk import RewriteWalker
 from xrlflow_jax.errors import XrlflowError
+from xrlflow_jax.graph import host
 
 
 def _coeffs_or_none(device_kind: str, path: str | None) -> cost_model.CostCoefficients | None:
@@ -48,7 +49,8 @@ def _coeffs_or_none(device_kind: str, path: str | None) -> cost_model.CostCoeffi
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
-  graph, _, name = variants_lib.load_model(args.model, args.size)
+  loaded = workflow.load(args.model, size=args.size)
+  graph, name = loaded.graph, loaded.name
   prof = profiler_lib.Profiler(args.cache_dir, args.backend, repeats=args.repeats,
                                min_time_s=args.min_time_s)
   result = prof.profile_graph(graph, progress=args.verbose)
@@ -70,16 +72,17 @@ def cmd_fit(args: argparse.Namespace) -> int:
   samples, variants = [], []
   for size in args.sizes.split(","):
     for name in _model_list(args.models):
-      graph, params, label = variants_lib.load_model(name, size)
+      loaded = workflow.load(name, size=size)
+      graph, params, label = loaded.graph, loaded.params, loaded.name
       samples.append(fit_lib.GraphSample(label, graph, params))
-      vs, seen = [], {variants_lib.fingerprint(graph)}
+      vs, seen = [], {host.structural_hash(graph)}
       if args.variants:
-        walker = walker or variants_lib.RewriteWalker()
+        walker = walker or RewriteWalker()
         for _ in range(4 * args.variants):
           if len(vs) == args.variants:
             break
           g2, _ = walker.walk(graph, int(rng.integers(1, args.max_steps + 1)), rng)
-          fp = variants_lib.fingerprint(g2)
+          fp = host.structural_hash(g2)
           if fp not in seen:
             seen.add(fp)
             vs.append(g2)
@@ -114,7 +117,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 
 
 def cmd_cost(args: argparse.Namespace) -> int:
-  graph, params, name = variants_lib.load_model(args.model, args.size)
+  loaded = workflow.load(args.model, size=args.size)
+  graph, params, name = loaded.graph, loaded.params, loaded.name
   device = latency.resolve_device(args.backend)
   coeffs = cost_model.load_coefficients(device.device_kind, args.coeffs)
   per_node = np.asarray(jax.jit(cost_model.node_costs)(graph, coeffs))
@@ -129,7 +133,8 @@ def cmd_cost(args: argparse.Namespace) -> int:
 
 
 def cmd_kernels(args: argparse.Namespace) -> int:
-  graph, params, name = variants_lib.load_model(args.model, args.size)
+  loaded = workflow.load(args.model, size=args.size)
+  graph, params, name = loaded.graph, loaded.params, loaded.name
   prof = fusion_profile.profile(graph, params, runs=args.runs, backend=args.backend)
   print(f"# {name}: XLA kernels of the compiled graph, mean of {prof.runs} traced runs "
         f"({prof.platform})")

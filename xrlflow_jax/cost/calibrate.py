@@ -25,7 +25,7 @@ import jax
 
 from xrlflow_jax import models
 from xrlflow_jax.cost import fit as fit_lib
-from xrlflow_jax.cost import latency
+from xrlflow_jax.measure import latency
 from xrlflow_jax.cost import model as cost_model
 from xrlflow_jax.cost import profiler as profiler_lib
 

@@ -14,18 +14,18 @@ from typing import Any, Sequence
 
 import jax
 import numpy as np
+import scipy.optimize
 
 from xrlflow_jax import measure
-from xrlflow_jax.cost import latency
+from xrlflow_jax.measure import latency
 from xrlflow_jax.cost import model as cost_model
 from xrlflow_jax.cost import profiler as profiler_lib
 from xrlflow_jax.cost.model import CostCoefficients, CostModelError
 from xrlflow_jax.graph import ParamStore, host, layout
 
 
-def nnls(a: np.ndarray, b: np.ndarray, *, max_iter: int | None = None,
-         tol: float = 1e-12) -> np.ndarray:
-  """argmin_x ||a x - b||_2 subject to x >= 0 (Lawson and Hanson's active-set method).
+def nnls(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+  """argmin_x ||a x - b||_2 subject to x >= 0 (scipy's Lawson-Hanson active set).
 
   Args:
     a: float[M, F]; b: float[M].
@@ -34,32 +34,9 @@ def nnls(a: np.ndarray, b: np.ndarray, *, max_iter: int | None = None,
   """
   a = np.asarray(a, np.float64)
   b = np.asarray(b, np.float64)
-  m, f = a.shape
-  if b.shape != (m,):
+  if a.ndim != 2 or b.shape != (a.shape[0],):
     raise CostModelError(f"nnls: a is {a.shape} but b is {b.shape}")
-  max_iter = max_iter or 30 * f
-  x = np.zeros(f)
-  passive = np.zeros(f, bool)
-  w = a.T @ (b - a @ x)
-  scale = max(1.0, float(np.abs(a).max(initial=0.0)) * float(np.abs(b).max(initial=0.0)))
-  for _ in range(max_iter):
-    if passive.all() or w[~passive].max(initial=-np.inf) <= tol * scale:
-      break
-    j = int(np.argmax(np.where(passive, -np.inf, w)))
-    passive[j] = True
-    while True:
-      z = np.zeros(f)
-      z[passive] = np.linalg.lstsq(a[:, passive], b, rcond=None)[0]
-      if (z[passive] > 0).all():
-        x = z
-        break
-      neg = passive & (z <= 0)
-      alpha = np.min(x[neg] / np.maximum(x[neg] - z[neg], 1e-300))
-      x = x + alpha * (z - x)
-      passive &= x > tol
-      x[~passive] = 0.0
-    w = a.T @ (b - a @ x)
-  return x
+  return scipy.optimize.nnls(a, b)[0]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -428,9 +405,8 @@ def fit_on_graphs(prof: profiler_lib.Profiler, samples: Sequence[GraphSample], *
   if pairs is not None:
     c = float(coeffs.call_ms)
     model_ratio = (c + pairs.variant @ w) / (c + pairs.base @ w)
-    details["pair_spearman"] = float(_spearman(model_ratio, pairs.ratio))
+    details["pair_spearman"] = float(measure.spearman(model_ratio, pairs.ratio))
   return coeffs, report, details
 
 
-def _spearman(x: np.ndarray, y: np.ndarray) -> float:
-  return measure.spearman(x, y)
+

@@ -37,7 +37,7 @@ import jax
 import numpy as np
 
 from xrlflow_jax import xla_options
-from xrlflow_jax.cost import latency
+from xrlflow_jax.measure import latency
 from xrlflow_jax.errors import XrlflowError
 from xrlflow_jax.graph import layout
 from xrlflow_jax.graph.params import ParamStore

@@ -32,7 +32,7 @@ import jax
 import numpy as np
 
 from xrlflow_jax import executor, ops
-from xrlflow_jax.cost import latency
+from xrlflow_jax.measure import latency
 from xrlflow_jax.cost import model as cost_model
 from xrlflow_jax.errors import XrlflowError
 from xrlflow_jax.graph import GraphBuilder, host, layout, transforms

@@ -114,7 +114,7 @@ def modelled_cost(graph: Graph, coeffs: cost.CostCoefficients,
 def run_search(method: str, graph: Graph, params: ParamStore, ruleset, coeffs, options:
                Mapping[str, Any] | None = None, seed: int = 0,
                kernels: cost.KernelTimes | None = None,
-               checkpoints: int = guard.DEFAULT_CHECKPOINTS) -> Outcome:
+               checkpoints: int = measure.guard.DEFAULT_CHECKPOINTS) -> Outcome:
   """`search.optimize` with the modelled guard only (latency is measured afterwards, side by
   side with every other method's graph); `kernels`: the measured kernel table; `checkpoints`:
   prefixes of its path kept for the measured guard, as the optimise job's
@@ -152,7 +152,7 @@ def failed(method: str, error: Exception, seconds: float = 0.0) -> Outcome:
 def policy_outcome(policy: TrainedPolicy, graph: Graph, params: ParamStore, *, samples: int,
                    label: str, steps: int | None = None, seed: int = 0,
                    kernels: cost.KernelTimes | None = None,
-                   checkpoints: int = guard.DEFAULT_CHECKPOINTS) -> Outcome:
+                   checkpoints: int = measure.guard.DEFAULT_CHECKPOINTS) -> Outcome:
   """The trained policy on a (possibly unseen) graph, through the policy search driver (the
   one policy-inference path: `search.optimize(..., "policy")`, observations as in training):
   the argmax rollout and `samples` sampled ones, the cheapest graph any reached under the cost
@@ -232,8 +232,8 @@ class Measured:
     stats, speedups, numerics: per graph (None where the graph is None): LatencyStats,
       `measure.Speedup` (verdict with its interval) and `measure.NumericsCheck`.
   """
-  original: cost.LatencyStats
-  stats: list[cost.LatencyStats | None]
+  original: measure.LatencyStats
+  stats: list[measure.LatencyStats | None]
   speedups: list[measure.Speedup | None]
   numerics: list[measure.NumericsCheck | None]
   returned: list[tuple[float, str] | None] | None = None
@@ -265,7 +265,7 @@ def measure_outcomes(original: Graph, params: ParamStore, graphs: Sequence[Graph
   extra = [c.graph for g, cs in zip(graphs, cps) if g is not None for c in cs]
   # Another set of rounds whenever some method's guard would take one: compare's stopping
   # rule at the strictest of their levels ("no change" there covers every looser level).
-  strictest = min([measure.LEVEL] + [guard.checkpoint_level(len(cs))
+  strictest = min([measure.LEVEL] + [measure.guard.checkpoint_level(len(cs))
                                      for g, cs in zip(graphs, cps) if g is not None])
   cmp = measure.compare(original, present + extra, params, rounds=rounds,
                         repeats_per_round=repeats_per_round, min_round_ms=min_round_ms,
@@ -313,7 +313,7 @@ def _guarded(cmp: measure.Comparison, slots: Sequence[int], lengths: Sequence[in
              seed: int, *, rounds: int | None = None, looks: int = 1) -> tuple[float, str]:
   """(speedup, what) the optimise job's measured guard returns from the comparison's
   candidates `slots` (the whole path, then its prefixes of `lengths` rewrites): the fastest of
-  those measured significantly faster at `search.guard.checkpoint_level` (per look,
+  those measured significantly faster at `measure.guard.checkpoint_level` (per look,
   `measure.look_level`), else the input.
 
   It replays the job's (up to `looks`) sets of `rounds` rounds on the comparison's rounds
@@ -324,12 +324,13 @@ def _guarded(cmp: measure.Comparison, slots: Sequence[int], lengths: Sequence[in
   ref, copy, cands = cmp.round_ms
   verdicts = measure.sequential_verdicts(
       ref, [cands[j] for j in slots], copy, rounds=rounds, looks=looks,
-      level=guard.checkpoint_level(len(slots) - 1), seed=seed,
+      level=measure.guard.checkpoint_level(len(slots) - 1), seed=seed,
       changed=[cmp.speedups[j].verdict != "unchanged" for j in slots])
-  best = guard.fastest_faster(verdicts)
-  if best is None:
+  decision = measure.guard.decide(verdicts[0], None, verdicts[1:], lengths)
+  if decision.returns_input:
     return 1.0, "input"
-  return verdicts[best].ratio, "graph" if best == 0 else f"first {lengths[best - 1]}"
+  return (decision.speedup.ratio,
+          "graph" if decision.kept == "path" else f"first {decision.rewrites}")
 
 
 # ----------------------------------------------------------------------------------------------

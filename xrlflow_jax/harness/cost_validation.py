@@ -21,7 +21,8 @@ import numpy as np
 
 from xrlflow_jax.cost import model as cost_model
 from xrlflow_jax.cost.kernel_table import KernelTimes
-from xrlflow_jax.harness.variants import RewriteWalker, Step, fingerprint
+from xrlflow_jax.graph import host
+from xrlflow_jax.rules.walk import RewriteWalker, Step
 from xrlflow_jax.measure import measure_passes, spearman
 from xrlflow_jax.graph import ParamStore, layout
 
@@ -211,12 +212,12 @@ def validate_model(graph: layout.Graph, params: ParamStore, coeffs: cost_model.C
   t_start = time.perf_counter()
   walker = walker or RewriteWalker()
   rng = np.random.default_rng(seed)
-  seen = {fingerprint(graph)} | set(exclude)
+  seen = {host.structural_hash(graph)} | set(exclude)
   graphs: list[layout.Graph] = [graph]  # the control copy: the same graph, compiled again
   kinds: list[str] = ["control"]
   trails: list[tuple[Step, ...]] = [()]
   for g2, step in walker.neighbours(graph, neighbours, rng):
-    fp = fingerprint(g2)
+    fp = host.structural_hash(g2)
     if fp not in seen:
       seen.add(fp)
       graphs.append(g2)
@@ -227,7 +228,7 @@ def validate_model(graph: layout.Graph, params: ParamStore, coeffs: cost_model.C
   while n_walks < variants and attempts < 4 * variants:
     attempts += 1
     g2, trail = walker.walk(graph, int(rng.integers(1, max_steps + 1)), rng)
-    fp = fingerprint(g2)
+    fp = host.structural_hash(g2)
     if not trail or fp in seen:
       continue
     seen.add(fp)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import jax
 
-from xrlflow_jax.cost import latency
+from xrlflow_jax.measure import latency
 from xrlflow_jax.ops import precision
 
 

@@ -22,7 +22,7 @@ import numpy as np
 
 from xrlflow_jax.cost import model as cost_model
 from xrlflow_jax.measure import measure_passes
-from xrlflow_jax.harness.variants import RewriteWalker
+from xrlflow_jax.rules.walk import RewriteWalker
 from xrlflow_jax.graph import ParamStore, layout
 
 

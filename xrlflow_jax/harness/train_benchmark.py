@@ -16,7 +16,8 @@ and the ratios between variants (and to the environment step) are what to read.
 
 The `before` variant is a reference learner for these side by side measurements only: it
 shows what the library learner's choices gain. It has the per-edge attention formulation
-(`PerEdgeGATLayer`, numerically the same network: tests/test_agents.py checks it), node costs
+(`PerEdgeGATLayer` as the network's `gat_layer`, numerically the same network:
+tests/test_agents.py checks it), node costs
 recomputed inside every forward and gradient pass, XLA's default compiler options, and the
 local head over all P slots of every rule (`ActorCritic.rule_widths=None`; the library's head
 reads each rule's own slots). `after` is the library's learner as built.
@@ -24,11 +25,10 @@ reads each rule's own slots). `after` is the library's learner as built.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import math
 import time
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Sequence
 
 import flax.linen as nn
 import jax
@@ -102,17 +102,6 @@ class PerEdgeGATLayer(nn.Module):
     return jnp.where(x.alive[:, None], h, 0.0), g_new
 
 
-@contextlib.contextmanager
-def per_edge_layers() -> Iterator[None]:
-  """Within the block, encoders TRACED (jit, init, apply) use `PerEdgeGATLayer`."""
-  saved = networks.GATLayer
-  networks.GATLayer = PerEdgeGATLayer
-  try:
-    yield
-  finally:
-    networks.GATLayer = saved
-
-
 class RecomputingAgent(Agent):
   """An Agent that ignores the observation's node costs and recomputes them in every pass (the
   `before` variant's agent)."""
@@ -123,35 +112,33 @@ class RecomputingAgent(Agent):
 
 @dataclasses.dataclass
 class Variant:
-  """One learner to time: its name, trainer (environment, agent, XLA options) and how to trace.
+  """One learner to time: its name and trainer (environment, agent, XLA options).
 
   Attributes:
     name: "before" or "after" (see the module docstring).
     trainer: the PPO trainer (its agent, environment and compiler options).
-    tracing: a context manager factory active while this variant's programs are traced.
   """
   name: str
   trainer: Trainer
-  tracing: Callable[[], Any]
 
   def compile(self, fn: Callable, *args: Any) -> Any:
-    """fn jitted with the trainer's compiler options, traced under `tracing`, compiled."""
-    with self.tracing():
-      return jax.jit(fn, compiler_options=self.trainer.compiler_options).lower(*args).compile()
+    """fn jitted with the trainer's compiler options, compiled."""
+    return jax.jit(fn, compiler_options=self.trainer.compiler_options).lower(*args).compile()
 
 
 def variant(name: str, trainer: Trainer) -> Variant:
   """`after`: `trainer` as built; `before`: the same environment and configuration with the
   reference learner (see the module docstring)."""
   if name == "after":
-    return Variant(name, trainer, contextlib.nullcontext)
+    return Variant(name, trainer)
   if name != "before":
     raise ValueError(f"unknown variant {name!r}; use one of {VARIANTS}")
   a = trainer.agent
   agent = RecomputingAgent(a.ruleset, a.node_cost_fn, a.config)
-  agent.network = agent.network.clone(rule_widths=None)  # the head reads all P slots per rule
+  # The per-edge encoder layer, and a local head that reads all P slots per rule.
+  agent.network = agent.network.clone(rule_widths=None, gat_layer=PerEdgeGATLayer)
   before = Trainer(trainer.config, trainer.env, agent, trainer.devices, xla_options=None)
-  return Variant(name, before, per_edge_layers)
+  return Variant(name, before)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -225,12 +212,11 @@ def _part_calls(v: Variant, state: Any, batch: dict[str, Any]) -> dict[str, Call
       "forward": (forward, (params, obs)),
       "gradient": (gradient, (params, batch)),
   }
-  with v.tracing():
-    current, nodes, feats, _ = jax.jit(inputs)(obs)
-    fns["encoder"] = (encode, (params, current))
-    if agent.config.head == "local":
-      h, emb = jax.jit(encode)(params, current)
-      fns["local head"] = (head, (params, h, emb, nodes, feats))
+  current, nodes, feats, _ = jax.jit(inputs)(obs)
+  fns["encoder"] = (encode, (params, current))
+  if agent.config.head == "local":
+    h, emb = jax.jit(encode)(params, current)
+    fns["local head"] = (head, (params, h, emb, nodes, feats))
   out = {}
   for part in PARTS:
     if part in fns:
@@ -250,8 +236,7 @@ def profile(variants: Sequence[Variant], repeats: int = 7, seed: int = 0
   state0 = variants[0].trainer.init(jax.random.PRNGKey(seed))
   calls = {}
   for v in variants:
-    with v.tracing():
-      state = v.trainer.init(jax.random.PRNGKey(seed))  # this variant's parameters
+    state = v.trainer.init(jax.random.PRNGKey(seed))  # this variant's parameters
     state = state.replace(obs=state0.obs, env_state=state0.env_state)
     batch = _loss_batch(v.trainer, state.params, state.obs, jax.random.PRNGKey(seed + 1))
     for part, fn in _part_calls(v, state, batch).items():
@@ -287,11 +272,10 @@ def time_updates(variants: Sequence[Variant], repeats: int = 3, seed: int = 0
   calls, compile_s, states, last = {}, {}, {}, {}
   for v in variants:
     tr = v.trainer
-    with v.tracing():
-      states[v.name] = jax.block_until_ready(tr.init(jax.random.PRNGKey(seed)))
-      t0 = time.perf_counter()
-      compiled = tr.update.lower(states[v.name]).compile()
-      compile_s[v.name] = time.perf_counter() - t0
+    states[v.name] = jax.block_until_ready(tr.init(jax.random.PRNGKey(seed)))
+    t0 = time.perf_counter()
+    compiled = tr.update.lower(states[v.name]).compile()
+    compile_s[v.name] = time.perf_counter() - t0
 
     def call(c=compiled, name=v.name):
       states[name], last[name] = c(states[name])

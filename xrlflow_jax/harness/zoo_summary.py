@@ -8,7 +8,8 @@ from typing import Sequence
 
 import jax
 
-from xrlflow_jax import cost, models
+from xrlflow_jax import models
+from xrlflow_jax.measure import latency
 from xrlflow_jax import graph as G
 
 
@@ -22,7 +23,7 @@ class ZooRow:
   params_mb: float
   build_s: float
   compile_s: float
-  latency: cost.LatencyStats
+  latency: latency.LatencyStats
 
 
 def summarize_model(name: str, size: str = "default", *, repeats: int = 20,
@@ -33,7 +34,7 @@ def summarize_model(name: str, size: str = "default", *, repeats: int = 20,
   jax.block_until_ready(graph)
   build_s = time.perf_counter() - t0
   G.validate(graph, params)
-  stats = cost.measure_latency(graph, params, repeats=repeats, warmup=warmup)
+  stats = latency.measure_latency(graph, params, repeats=repeats, warmup=warmup)
   return ZooRow(name, size, G.num_nodes(graph), G.capacity(graph), params.nbytes() / 1e6,
                 build_s, stats.compile_s, stats)
 

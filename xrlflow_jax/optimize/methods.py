@@ -5,6 +5,7 @@ rewrites)."""
 from __future__ import annotations
 
 import dataclasses
+import time
 from typing import Any, Callable, Mapping, Sequence
 
 import jax
@@ -18,6 +19,7 @@ from xrlflow_jax.graph import layout
 from xrlflow_jax.optimize.checks import OptimizeError
 from xrlflow_jax.rules.library import builtin_rules
 from xrlflow_jax.search import guard as guard_lib
+from xrlflow_jax.measure.guard import DEFAULT_CHECKPOINTS
 from xrlflow_jax.search.guard import Checkpoint
 from xrlflow_jax.workflow import Loaded
 
@@ -60,7 +62,7 @@ def run_search(loaded: Loaded, method: str, coeffs: cost.CostCoefficients, *, se
                rules: Sequence[str] | None = None, max_locations: int = 16,
                options: Mapping[str, Any] | None = None,
                kernels: cost.KernelTimes | None = None,
-               checkpoints: int = guard_lib.DEFAULT_CHECKPOINTS) -> Found:
+               checkpoints: int = DEFAULT_CHECKPOINTS) -> Found:
   """A baseline search ("greedy", "taso", "beam", "random") on the cost model (with `kernels`,
   its measured kernel table), over the rules of the selection `rules` (default: every built-in
   rule) that can fire on the graph: rules whose source ops cannot occur are not compiled
@@ -147,7 +149,7 @@ def run_ppo(loaded: Loaded, coeffs: cost.CostCoefficients, *, budget: int | None
             seed: int = 0, rules: Sequence[str] | None = None,
             options: Mapping[str, Any] | None = None,
             kernels: cost.KernelTimes | None = None,
-            checkpoints: int = guard_lib.DEFAULT_CHECKPOINTS,
+            checkpoints: int = DEFAULT_CHECKPOINTS,
             log: Callable[[str], None] = print) -> Found:
   """Short PPO training (`agents.training.train_ppo`; with `kernels`, its environment costs
   with the measured kernel table, as the searches do), then the policy as a search driver; the
@@ -155,16 +157,20 @@ def run_ppo(loaded: Loaded, coeffs: cost.CostCoefficients, *, budget: int | None
   to the policy, whose rewrite sequence is known), both costed by the search's model (with
   `kernels`, measuring what training's table lacked). The Found carries up to `checkpoints`
   prefixes of its path for the measured guard, as `run_search`'s."""
+  started = time.perf_counter()
   config = ppo_config(budget, seed, rules)
-  if kernels is not None:
-    kernels.use_for(loaded.graph)  # training's environment costs with the same timing
   if not rules:
     config.env.rules = default_ppo_rules(loaded.graph, int(config.env.max_locations))
   ruleset = _ruleset(config.env.rules, int(config.env.max_locations))
+  table = None
+  if kernels is not None:
+    kernels.use_for(loaded.graph)  # training's environment costs with the same timing
+    table = search.fill_kernel_table([loaded.graph], [loaded.params], ruleset, coeffs, kernels,
+                                     log=lambda s: log("  " + s))
   trained = training.train_ppo([loaded.label], [loaded.graph], [loaded.params], config, coeffs,
                                ruleset, log=lambda s: log("  " + s),
                                updates_per_chunk=int(config.updates_per_chunk),
-                               kernels=kernels, devices=jax.devices()[:1])
+                               kernel_table=table, started=started, devices=jax.devices()[:1])
   state = trained.state
   expander = search.get_expander(ruleset, coeffs, kernels)
   train_graph, train_cost = trained.best(0)

@@ -15,14 +15,14 @@ from xrlflow_jax import compilation_cache, cost, executor
 from xrlflow_jax import graph as G
 from xrlflow_jax.cost import calibrate
 from xrlflow_jax.cost import kernel_table as kernel_table_lib
-from xrlflow_jax.measure import Comparison, NumericsError, Speedup, check_numerics, compare
+from xrlflow_jax.measure import (Comparison, LatencyStats, NumericsError, Speedup,
+                                 check_numerics, compare)
 from xrlflow_jax.ops import precision as precision_lib
 from xrlflow_jax.optimize import checks, methods
 from xrlflow_jax.optimize.checks import OptimizeError
 from xrlflow_jax.optimize.methods import BUDGET_OPTION, Found
 from xrlflow_jax.optimize.report import OptimizeReport, default_output_dir, write_outputs
-from xrlflow_jax.search.guard import (DEFAULT_CHECKPOINTS, checkpoint_level,
-                                      fastest_faster)
+from xrlflow_jax.measure.guard import DEFAULT_CHECKPOINTS, GuardDecision, checkpoint_level, decide
 from xrlflow_jax.workflow import Loaded, load
 
 DEFAULT_MODEL = "squeezenet1_1"
@@ -48,44 +48,43 @@ def _coefficients(path: str) -> cost.CostCoefficients:
 
 def measured_guard(loaded: Loaded, found: Found, comparison: Comparison,
                    checkpoint_slots: Sequence[int] = ()
-                   ) -> tuple[Found, cost.LatencyStats, Speedup]:
-  """Keeps the search's graph only if XLA measured it significantly faster than the input;
-  with checkpoints (prefixes of its rewrites, `Found.checkpoints`, timed in the same rounds),
-  returns whichever of them and the found graph measured fastest among those significantly
-  faster (the found graph on a tie).
+                   ) -> tuple[Found, LatencyStats, Speedup, GuardDecision]:
+  """The measured guard's decision (`measure.guard.decide`) applied to the search's outcome:
+  the found graph, one of its checkpoints (prefixes of its rewrites, `Found.checkpoints`,
+  timed in the same rounds), or the input.
 
   Args:
     comparison: `measure.compare(loaded.graph, [found.graph, ...], ...)`.
     checkpoint_slots: the comparison's candidate index of each of `found.checkpoints`.
   Returns:
-    (found, its latency, its Speedup) when the verdict is "faster" or the graph is unchanged;
-    a checkpoint's graph as a Found (its prefix of the rewrites, its modelled cost, what was
-    measured in `details["checkpoints"]`) when it measured faster than the found graph;
-    otherwise the input itself (no rewrites, modelled cost of the input) with the input's
-    latency and an "unchanged" Speedup, and what was rejected in `details["measured_guard"]`.
+    (what is kept as a Found, its latency, its Speedup, the decision): the found graph; a
+    checkpoint's graph (its prefix of the rewrites, its modelled cost); or the input itself
+    (no rewrites, modelled cost of the input, the input's latency and an "unchanged"
+    Speedup), with what was rejected in `details["measured_guard"]`. What each checkpoint
+    measured is in `details["checkpoints"]`.
   """
-  after, verdict = comparison.candidates[0], comparison.speedups[0]
   slots = list(checkpoint_slots)
+  cps = list(found.checkpoints)[:len(slots)]
+  decision = decide(comparison.speedups[0], len(found.rewrites or ()),
+                    [comparison.speedups[j] for j in slots], [cp.rewrites for cp in cps])
+  details = dict(found.details)
   if slots:
-    details = dict(found.details)
     details["checkpoints"] = [
         {"rewrites": cp.rewrites, "cost_ms": cp.cost_ms,
          "latency_median_ms": comparison.candidates[j].median_ms,
          "speedup": comparison.speedups[j].describe()}
-        for cp, j in zip(found.checkpoints, slots)]
-    found = dataclasses.replace(found, details=details)
-    i = fastest_faster([verdict] + [comparison.speedups[j] for j in slots])
-    if i:  # a checkpoint measured faster than the whole path
-      cp, j = found.checkpoints[i - 1], slots[i - 1]
-      details = dict(found.details)
-      details["checkpoint"] = {"rewrites": cp.rewrites, "of": len(found.rewrites or ()),
-                               "rejected_speedup": verdict.describe()}
-      kept = Found(cp.graph, cp.cost_ms, found.initial_cost_ms,
-                   list(found.rewrites or ())[:cp.rewrites], found.found_by, details)
-      return kept, comparison.candidates[j], comparison.speedups[j]
-  if verdict.keeps:
-    return found, after, verdict
-  details = dict(found.details)
+        for cp, j in zip(cps, slots)]
+  if decision.kept == "checkpoint":
+    cp, j = cps[decision.index - 1], slots[decision.index - 1]
+    details["checkpoint"] = {"rewrites": cp.rewrites, "of": len(found.rewrites or ()),
+                             "rejected_speedup": decision.path_speedup.describe()}
+    kept = Found(cp.graph, cp.cost_ms, found.initial_cost_ms,
+                 list(found.rewrites or ())[:cp.rewrites], found.found_by, details)
+    return kept, comparison.candidates[j], decision.speedup, decision
+  if decision.kept == "path":
+    kept = dataclasses.replace(found, details=details) if slots else found
+    return kept, comparison.candidates[0], decision.speedup, decision
+  after, verdict = comparison.candidates[0], decision.path_speedup
   details["returned_input"] = True
   details["measured_guard"] = {
       "rejected_found_by": found.found_by, "rejected_cost_ms": found.cost_ms,
@@ -95,7 +94,7 @@ def measured_guard(loaded: Loaded, found: Found, comparison: Comparison,
       "rejected_speedup": verdict.describe(), "rejected_verdict": verdict.to_json()}
   kept = Found(loaded.graph, found.initial_cost_ms, found.initial_cost_ms, [], found.found_by,
                details)
-  return kept, comparison.reference, Speedup.unchanged()
+  return kept, comparison.reference, decision.speedup, decision
 
 
 def _against(path: str, other: Loaded, loaded: Loaded, comparison: Comparison, *,
@@ -165,7 +164,7 @@ def optimize_model(source: str = DEFAULT_MODEL, *, method: str = "ppo", size: st
       device (`cost.kernel_table`; each kernel measured once and kept in the profiler's
       on-disk cache, `$XRLFLOW_PROFILE_CACHE` or ~/.cache/xrlflow_jax/profiles); False: the
       model's roofline alone. "ppo": training's environment costs with the table too, filled
-      first by a TASO-style search from the input (`agents.training.fill_kernel_table`).
+      first by a TASO-style search from the input (`search.fill_kernel_table`).
     against: an ONNX file of the same model optimised by another tool (e.g. TASO's output),
       taking the same inputs: timed in the same interleaved rounds as the input and the
       result, its outputs checked against the input's when both files carry their weights
@@ -274,21 +273,18 @@ def optimize_model(source: str = DEFAULT_MODEL, *, method: str = "ppo", size: st
   if not numerics.passed:
     raise NumericsError(f"the optimised graph's outputs differ from the original's: "
                         f"{numerics.describe()}; nothing was written")
-  if measure:
-    if not keep_slower:
-      found, lat_after, verdict = measured_guard(loaded, found, comparison, slots)
-      if "measured_guard" in found.details:
-        log(f"measured: the optimised graph is not significantly faster than the input "
-            f"({comparison.speedups[0].describe()}): the input is kept")
-        best = loaded.graph
-      elif "checkpoint" in found.details:
-        cp = found.details["checkpoint"]
-        log(f"measured: the first {cp['rewrites']} of the {cp['of']} rewrites "
-            f"{verdict.describe()}, all of them {cp['rejected_speedup']}: the faster (the "
-            "first) is returned")
-        best = found.graph
-        slot_of = {c.rewrites: j for c, j in zip(checkpoints, slots)}
-        numerics = comparison.numerics[slot_of[cp["rewrites"]]]
+  if measure and not keep_slower:
+    found, lat_after, verdict, decision = measured_guard(loaded, found, comparison, slots)
+    if decision.kept == "input":
+      log(f"measured: the optimised graph is not significantly faster than the input "
+          f"({decision.path_speedup.describe()}): the input is kept")
+      best = loaded.graph
+    elif decision.kept == "checkpoint":
+      log(f"measured: the first {decision.rewrites} of the {decision.of} rewrites "
+          f"{verdict.describe()}, all of them {decision.path_speedup.describe()}: the faster "
+          "(the first) is returned")
+      best = found.graph
+      numerics = comparison.numerics[slots[decision.index - 1]]
   against_info = None
   if other is not None:
     against_info = _against(str(against), other, loaded, comparison,

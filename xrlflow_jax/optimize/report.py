@@ -14,7 +14,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from xrlflow_jax import cost, onnx_io, visualize
+from xrlflow_jax import onnx_io, visualize
+from xrlflow_jax.measure import LatencyStats
 from xrlflow_jax import graph as G
 from xrlflow_jax.graph import layout
 from xrlflow_jax.measure import NumericsCheck, Speedup
@@ -55,8 +56,8 @@ class OptimizeReport:
   nodes_after: int
   cost_before_ms: float
   cost_after_ms: float
-  latency_before: cost.LatencyStats | None
-  latency_after: cost.LatencyStats | None
+  latency_before: LatencyStats | None
+  latency_after: LatencyStats | None
   numerics: NumericsCheck
   rewrites: list[dict[str, Any]] | None
   hash_before: str
@@ -86,7 +87,7 @@ class OptimizeReport:
 
   def to_json(self) -> dict[str, Any]:
     """A JSON-ready dict."""
-    def lat(s: cost.LatencyStats | None) -> dict[str, Any] | None:
+    def lat(s: LatencyStats | None) -> dict[str, Any] | None:
       if s is None:
         return None
       return {**dataclasses.asdict(s), "iqr_ms": s.iqr_ms}
@@ -113,7 +114,7 @@ class OptimizeReport:
 
   def table(self) -> str:
     """The before/after table printed by the CLI."""
-    def lat(s: cost.LatencyStats | None) -> str:
+    def lat(s: LatencyStats | None) -> str:
       return "not measured" if s is None else f"{s.median_ms:.4f} ms ± {s.iqr_ms / 2:.4f}"
     meas = self.measured_speedup
     n = self.numerics

@@ -40,7 +40,7 @@ Final API (stable; the optimise job in `xrlflow_jax/optimize/` and the experimen
   SearchError(XrlflowError): unknown method, bad options, no room in the graph's capacity, ...
 
 Every driver ends with the guard (`guard.finish`): with measure=True the input, the best graph
-and up to two prefixes of its path (where the rule family changes, `guard.checkpoint_lengths`)
+and up to two prefixes of its path (where the rule family changes, `measure.guard.checkpoint_lengths`)
 are compiled and timed side by side (interleaved, one process, with an identical copy as
 control) and the fastest of them measured significantly faster is returned, else the input;
 with measure=False the input is returned unless the best's modelled cost is lower.
@@ -59,9 +59,10 @@ from xrlflow_jax.search.random_search import random_search
 from xrlflow_jax.search.policy import network_params_of as policy_params
 from xrlflow_jax.search.policy import init_network, policy
 from xrlflow_jax.search.api import default_ruleset, get_expander, is_default, optimize
+from xrlflow_jax.search.kernel_fill import DEFAULT_KERNEL_BUDGET, fill_kernel_table
 
 __all__ = [
-    "BASELINES", "JOB_METHODS", "METHODS", "Children", "Expander", "Expansion", "bucket_size", "RewriteStep", "SearchError", "SearchResult", "beam",
-    "check_graph", "default_ruleset", "finish", "get_expander", "greedy", "init_network", "is_default",
+    "BASELINES", "DEFAULT_KERNEL_BUDGET", "JOB_METHODS", "METHODS", "Children", "Expander", "Expansion", "bucket_size", "RewriteStep", "SearchError", "SearchResult", "beam",
+    "check_graph", "default_ruleset", "fill_kernel_table", "finish", "get_expander", "greedy", "init_network", "is_default",
     "optimize", "policy", "policy_params", "random_search", "replay", "taso",
 ]

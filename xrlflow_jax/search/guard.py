@@ -1,4 +1,6 @@
-"""The guard every driver ends with: never return a graph that is not faster than the input."""
+"""The guard every search driver ends with: never return a graph that is not faster than the
+input. The decision itself is `measure.guard.decide`'s; this module replays and costs the
+prefixes it times and builds the SearchResult."""
 
 from __future__ import annotations
 
@@ -7,15 +9,14 @@ import dataclasses
 import time
 from typing import Any, Sequence
 
-from xrlflow_jax.measure import LEVEL, Speedup, compare
+from xrlflow_jax.measure import compare
+from xrlflow_jax.measure.guard import (DEFAULT_CHECKPOINTS, checkpoint_lengths,
+                                       checkpoint_level, decide)
 from xrlflow_jax.graph import host as graph_host
 from xrlflow_jax.graph import layout
 from xrlflow_jax.graph.params import ParamStore
 from xrlflow_jax.search.expand import Expander, improves, replay
 from xrlflow_jax.search.result import RewriteStep, SearchResult
-
-# Prefixes of a found path timed beside it by a measured guard (`checkpoint_lengths`).
-DEFAULT_CHECKPOINTS = 2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,34 +30,6 @@ class Checkpoint:
   rewrites: int
   graph: layout.Graph
   cost_ms: float
-
-
-def checkpoint_lengths(families: Sequence[str], count: int) -> list[int]:
-  """The last `count` prefix lengths of a path of rewrites at which the rule family changes
-  (each step's family in order; 0 and the whole path excluded), ascending: a run of one
-  family (converting convolutions to NHWC, merging a cell's gates) is one transformation, so
-  its ends are where a path can be cut with its gains whole. The cost model can rate a late
-  run a gain that XLA does not measure; a guard that times these prefixes beside the whole
-  path need not then drop all of it."""
-  ends = [i for i in range(1, len(families)) if families[i] != families[i - 1]]
-  return ends[-count:] if count > 0 else []
-
-
-def checkpoint_level(count: int) -> float:
-  """The interval level of each verdict when the best of the whole path and `count` prefixes
-  is chosen: 1 - (1 - LEVEL) / (1 + count) (Bonferroni), so choosing does not raise the
-  false-positive rate."""
-  return 1 - (1 - LEVEL) / (1 + count)
-
-
-def fastest_faster(speedups: Sequence[Speedup]) -> int | None:
-  """The index of the highest ratio among `speedups` measured significantly faster (the first
-  on a tie: the whole path, listed first, over its prefixes), or None when none is."""
-  best = None
-  for i, s in enumerate(speedups):
-    if s.faster and (best is None or s.ratio > speedups[best].ratio):
-      best = i
-  return best
 
 
 def finish(method: str, input_graph: layout.Graph, best_graph: layout.Graph,
@@ -102,18 +75,21 @@ def finish(method: str, input_graph: layout.Graph, best_graph: layout.Graph,
                   params, **(measure_options or {}), level=checkpoint_level(len(prefixes)))
     lat_in = cmp.reference
     if keep:
-      i = fastest_faster(cmp.speedups)
+      decision = decide(cmp.speedups[0], len(rewrites), cmp.speedups[1:],
+                        [p.rewrites for p in prefixes])
       if prefixes:
         options["checkpoints"] = [{"rewrites": p.rewrites, "cost_ms": p.cost_ms,
-                                   "speedup": cmp.speedups[j + 1].describe()}
-                                  for j, p in enumerate(prefixes)]
-      if i:  # a prefix measured faster than the whole path
-        p = prefixes[i - 1]
+                                   "speedup": s.describe()}
+                                  for p, s in zip(prefixes, decision.checkpoint_speedups)]
+      if decision.kept == "checkpoint":
+        p = prefixes[decision.index - 1]
         options["checkpoint"] = {"rewrites": p.rewrites, "of": len(rewrites),
-                                 "rejected_speedup": cmp.speedups[0].describe()}
+                                 "rejected_speedup": decision.path_speedup.describe()}
         best_graph, best_cost, rewrites = p.graph, p.cost_ms, rewrites[:p.rewrites]
-      lat_best, verdict = cmp.candidates[i or 0], cmp.speedups[i or 0]
-      keep = verdict.keeps
+      keep = decision.kept != "input"
+      # The verdict reported is the kept graph's, or the rejected path's.
+      verdict = decision.speedup if keep else decision.path_speedup
+      lat_best = cmp.candidates[decision.index if keep else 0]
   if not keep:
     best_graph, rewrites, best_cost = input_graph, [], float(initial_cost)
     if lat_in is not None:

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from xrlflow_jax.cost.latency import LatencyStats
+from xrlflow_jax.measure.latency import LatencyStats
 from xrlflow_jax.errors import XrlflowError
 from xrlflow_jax.measure import Speedup
 from xrlflow_jax.graph import host as graph_host

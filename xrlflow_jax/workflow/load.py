@@ -77,6 +77,7 @@ class Loaded:
     graph, params: the padded graph (capacity N) and its weights.
     path: the ONNX file (kind "onnx"), else "".
     random_weights: initializers given seeded random values (graph-only ONNX files).
+    size: the zoo size it was built at ("" for ONNX files).
   """
   label: str
   kind: str
@@ -84,6 +85,14 @@ class Loaded:
   params: ParamStore
   path: str = ""
   random_weights: int = 0
+  size: str = ""
+
+  @property
+  def name(self) -> str:
+    """The label with the zoo size when it is not the default ("bert[tiny]"): what reports
+    that mix sizes print."""
+    return f"{self.label}[{self.size}]" if self.kind == "zoo" and self.size != "default" \
+        else self.label
 
 
 def _looks_like_path(source: str) -> bool:
@@ -261,7 +270,7 @@ def load(source: str | ModelSpec, *, size: str = "default",
   b = _zoo_builder(spec, seed)
   graph, params = b.build(capacity or fitted_capacity(len(b)))
   label = spec.label if not spec.shape else f"{spec.label}[{spec.shape_label}]"
-  return Loaded(label, "zoo", layout.to_host(graph), params)
+  return Loaded(label, "zoo", layout.to_host(graph), params, size=size)
 
 
 def load_many(specs: Sequence[ModelSpec], *, capacity: int | None = None, seed: int = 0,

@@ -1,13 +1,12 @@
-"""Graphs to measure: models by name or file, and rewritten variants of them.
+"""Random walks of rewrites: rewritten variants of a graph, for measuring and calibrating.
 
-    graph, params, name = load_model("bert", size="tiny")       # a zoo model
-    graph, params, name = load_model("../shared/models/squeezenet1_1.onnx")
     walker = RewriteWalker()                                    # the built-in rules
     variant, trail = walker.walk(graph, steps=5, rng=np.random.default_rng(0))
 
 A random walk picks, at every step, a rule uniformly among the rules that match somewhere, then
 one of its valid locations uniformly, so rules with hundreds of locations (commuting an
-addition) do not drown the rare ones (merging Q/K/V projections).
+addition) do not drown the rare ones (merging Q/K/V projections). Variants are told apart by
+`graph.host.structural_hash`.
 """
 
 from __future__ import annotations
@@ -18,23 +17,10 @@ from typing import Sequence
 import jax
 import numpy as np
 
-from xrlflow_jax import workflow
-from xrlflow_jax.graph import ParamStore, host, layout
-from xrlflow_jax.rules import RuleSet
+from xrlflow_jax.graph import layout
 from xrlflow_jax.rules.library import builtin_rules
 from xrlflow_jax.rules.pattern import Rule
-
-
-def load_model(spec: str, size: str = "default", *, seed: int = 0,
-               capacity: int | None = None) -> tuple[layout.Graph, ParamStore, str]:
-  """`workflow.load` as (graph, params, name); zoo names carry their size ("bert[tiny]").
-
-  Raises:
-    LoadError: unknown model, missing file. OnnxImportError: the file cannot be imported.
-  """
-  loaded = workflow.load(spec, size=size, seed=seed, capacity=capacity)
-  tiny = loaded.kind == "zoo" and size != "default"
-  return loaded.graph, loaded.params, f"{loaded.label}[{size}]" if tiny else loaded.label
+from xrlflow_jax.rules.ruleset import RuleSet
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,8 +105,3 @@ class RewriteWalker:
         out.append((g2, Step(rule.name, rule.family,
                              tuple(int(v) for v in nodes[r, loc] if v >= 0))))
     return out
-
-
-def fingerprint(graph: layout.Graph) -> str:
-  """The structural hash of a graph (equal for the same DAG in different slots)."""
-  return host.structural_hash(graph)
