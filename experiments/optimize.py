@@ -7,7 +7,7 @@ optimize` command (`xrlflow_jax.cli.optimize`, which documents the flags) run fr
 
 from absl import app
 
-from xrlflow_jax.cli.optimize import main, source_from_flags  # noqa: F401  (defines the flags)
+from xrlflow_jax.cli.optimize import main  # defines the optimise job's flags
 
 if __name__ == "__main__":
   app.run(main)

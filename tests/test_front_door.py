@@ -27,6 +27,7 @@ def _readme_command():
 def test_ci_runs_both_readme_commands():
   ci = (ROOT / ".ci" / "run").read_text()
   assert "readme_command.py main-job" in ci and "readme_command.py tests" in ci
+  assert 'bash -c "$main_job"' in ci and 'exec bash -c "$tests"' in ci  # both are run
   command = _readme_command()
   text = README.read_text()
   main_job, tests = command("main-job", text), command("tests", text)

@@ -55,10 +55,9 @@ def fresh_venv(installed, tmp_path_factory) -> Path:
   wheel = next(installed.parent.glob("xrlflow_jax-*.whl"))
   venv = tmp_path_factory.mktemp("venv") / "env"
   subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
-  env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
   res = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q",
                         "--only-binary=:all:", "--disable-pip-version-check", str(wheel)],
-                       capture_output=True, text=True, check=False, env=env, timeout=1200,
+                       capture_output=True, text=True, check=False, env=_venv_env(), timeout=1200,
                        cwd=venv.parent)
   assert res.returncode == 0, res.stderr[-3000:]
   return venv

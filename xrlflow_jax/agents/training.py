@@ -75,11 +75,10 @@ def train_ppo(names: Sequence[str], graphs: Sequence[Graph], params: Sequence[Pa
     devices: the trainer's devices (default: every local device).
   """
   t0 = time.perf_counter() if started is None else started
-  table = kernel_table
   run = runs.build(config, devices, coeffs=coeffs, pool=(names, graphs, params),
-                   ruleset=ruleset, kernels=table)
+                   ruleset=ruleset, kernels=kernel_table)
   cfg = run.trainer.config
-  costs_with = "measured kernels" if table is not None else "the roofline"
+  costs_with = "measured kernels" if kernel_table is not None else "the roofline"
   if log:
     budget = f", stopping after {max_seconds:.0f}s" if max_seconds else ""
     log(f"PPO on {list(names)} (capacity {G.capacity(graphs[0])}): {len(run.ruleset)} rules x "

@@ -59,7 +59,7 @@ class GuardDecision:
       (None where the caller does not know them: then `rewrites` too for the path).
     speedup: the kept graph's measured Speedup (`Speedup.unchanged()` for the input).
     path_speedup: the whole path's verdict; checkpoint_speedups: each prefix's, in the order
-      of `lengths` (the prefixes' rewrite counts, ascending).
+      the prefixes were given.
     index: the kept graph's place among [path, *prefixes] (None: the input).
   """
   kept: str
@@ -68,7 +68,6 @@ class GuardDecision:
   speedup: Speedup
   path_speedup: Speedup
   checkpoint_speedups: tuple[Speedup, ...]
-  lengths: tuple[int, ...]
   index: int | None
 
   @property
@@ -89,9 +88,7 @@ def decide(path: Speedup, path_rewrites: int | None, checkpoints: Sequence[Speed
   i = fastest_faster([path, *checkpoints])
   if i:  # a prefix measured faster than the whole path
     return GuardDecision("checkpoint", lengths[i - 1], path_rewrites, checkpoints[i - 1], path,
-                         checkpoints, lengths, i)
+                         checkpoints, i)
   if path.keeps:
-    return GuardDecision("path", path_rewrites, path_rewrites, path, path, checkpoints, lengths,
-                         0)
-  return GuardDecision("input", 0, path_rewrites, Speedup.unchanged(), path, checkpoints,
-                       lengths, None)
+    return GuardDecision("path", path_rewrites, path_rewrites, path, path, checkpoints, 0)
+  return GuardDecision("input", 0, path_rewrites, Speedup.unchanged(), path, checkpoints, None)

@@ -154,7 +154,7 @@ def optimize_model(source: str = DEFAULT_MODEL, *, method: str = "ppo", size: st
     keep_slower: keep the optimised graph even when XLA measured it no faster than the input
       (default: the input is returned instead, see `measured_guard`).
     checkpoints: prefixes of the search's rewrites timed beside its graph (where the rule
-      family changes, the last ones: `search.guard.checkpoint_lengths`); the guard returns the
+      family changes, the last ones: `measure.guard.checkpoint_lengths`); the guard returns the
       fastest of them and the whole path among those measured significantly faster, every
       verdict at the level 1 - 0.05 / (1 + checkpoints) (0: the whole path alone); for "ppo",
       prefixes of the returned path (the policy's or training's best).

@@ -89,7 +89,8 @@ def finish(method: str, input_graph: layout.Graph, best_graph: layout.Graph,
       keep = decision.kept != "input"
       # The verdict reported is the kept graph's, or the rejected path's.
       verdict = decision.speedup if keep else decision.path_speedup
-      lat_best = cmp.candidates[decision.index if keep else 0]
+      if keep:
+        lat_best = cmp.candidates[decision.index]
   if not keep:
     best_graph, rewrites, best_cost = input_graph, [], float(initial_cost)
     if lat_in is not None:
