@@ -46,7 +46,6 @@ import jax
 import numpy as np
 from absl import app, flags
 
-from experiments.configs import ppo as ppo_configs
 from xrlflow_jax import cost, measure, search
 from xrlflow_jax import optimize as opt
 from xrlflow_jax.agents import training
@@ -140,13 +139,8 @@ def search_options() -> dict[str, dict[str, Any]]:
 
 def ppo_config(model: str) -> Any:
   """The PPO config for one model: the zoo's (test-sized under --quick) with the budget flags."""
-  c = ppo_configs.get_config("test" if _QUICK.value else model)
-  if _QUICK.value:
-    c.ppo.num_envs, c.ppo.num_steps, c.ppo.num_minibatches, c.ppo.update_epochs = 4, 4, 1, 1
-  c.ppo.total_timesteps = int(_opt("ppo_timesteps"))
-  c.env.horizon = int(_opt("ppo_horizon"))
-  c.seed = _SEED.value
-  return c
+  return B.ppo_config(model, quick=_QUICK.value, timesteps=_opt("ppo_timesteps"),
+                      horizon=_opt("ppo_horizon"), seed=_SEED.value)
 
 
 COLUMNS = [("model", "model", ""), ("nodes_in", "nodes", ""), ("env_steps_per_s", "env steps/s",

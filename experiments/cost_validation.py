@@ -24,6 +24,7 @@ from absl import app, flags
 
 from xrlflow_jax import models, workflow
 from xrlflow_jax.cli import flags as cli_flags
+from xrlflow_jax.cost import coefficient_files
 from xrlflow_jax.cost import fit as fit_lib
 from xrlflow_jax.cost import kernel_table
 from xrlflow_jax.measure import latency
@@ -60,7 +61,7 @@ _FIT_CACHE = flags.DEFINE_string(
 def main(argv: list[str]) -> None:
   del argv
   device = latency.resolve_device(_BACKEND.value)
-  coeffs = cost_model.load_coefficients(device.device_kind, _COEFFS.value)
+  coeffs = coefficient_files.load_coefficients(device.device_kind, _COEFFS.value)
   names = models.list_models() if _MODELS.value == ["all"] else list(_MODELS.value)
   sources = [(n, _SIZE.value) for n in names]
   if _ONNX.value:

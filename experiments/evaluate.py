@@ -116,13 +116,8 @@ def _opt(name: str) -> Any:
 
 def ppo_config() -> Any:
   """The PPO config: the zoo default (the `test` config's sizes under --quick) + the flags."""
-  c = ppo_configs.get_config("test" if _QUICK.value else "")
-  if _QUICK.value:
-    c.ppo.num_envs, c.ppo.num_steps, c.ppo.num_minibatches, c.ppo.update_epochs = 4, 4, 1, 1
-  c.ppo.total_timesteps = int(_opt("train_timesteps"))
-  c.env.horizon = int(_opt("horizon"))
-  c.seed = _SEED.value
-  return c
+  return B.ppo_config("", quick=_QUICK.value, timesteps=_opt("train_timesteps"),
+                      horizon=_opt("horizon"), seed=_SEED.value)
 
 
 def eval_specs(train_specs, size: str) -> list[tuple[Any, str]]:

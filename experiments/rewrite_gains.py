@@ -21,6 +21,7 @@ from xrlflow_jax import models, workflow
 from xrlflow_jax.cli import flags as cli_flags
 from xrlflow_jax.harness import rewrite_gains as gains
 from xrlflow_jax.measure import latency
+from xrlflow_jax.cost import coefficient_files
 from xrlflow_jax.cost import model as cost_model
 from xrlflow_jax.harness import machine
 from xrlflow_jax.rules.walk import RewriteWalker
@@ -43,7 +44,7 @@ def main(argv: list[str]) -> None:
   del argv
   device = latency.resolve_device(_BACKEND.value)
   try:
-    coeffs = cost_model.load_coefficients(device.device_kind, _COEFFS.value)
+    coeffs = coefficient_files.load_coefficients(device.device_kind, _COEFFS.value)
   except cost_model.CostModelError as e:
     print(f"(no model column: {e})")
     coeffs = None

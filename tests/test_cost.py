@@ -17,12 +17,14 @@ from xrlflow_jax import errors, measure, models
 from xrlflow_jax import graph as G
 from xrlflow_jax.cost import __main__ as cli
 from xrlflow_jax.cost import calibrate
+from xrlflow_jax.cost import coefficient_files as CF
 from xrlflow_jax.cost import fit as fit_lib
 from xrlflow_jax.cost import fusion_profile
 from xrlflow_jax.cost import kernel_table
 from xrlflow_jax.measure import latency
 from xrlflow_jax.cost import model as M
 from xrlflow_jax.cost import profiler as P
+from xrlflow_jax.cost import signatures as S
 from xrlflow_jax.graph import layout
 from xrlflow_jax.harness import cost_validation as V
 
@@ -147,7 +149,7 @@ def test_fusion_awareness():
 
 
 def test_bigger_matmul_costs_more():
-  coeffs = M.load_coefficients("cpu")
+  coeffs = CF.load_coefficients("cpu")
   costs = []
   for n in (64, 256, 1024):
     b = G.GraphBuilder(seed=0)
@@ -186,10 +188,10 @@ def test_sibling_features_and_groups():
   assert (sib > 0).sum() == 3 and lone.sum() == 0
   assert _feature(merged, "matmul.gflop_sibling").sum() == 0
   assert _feature(merged, "matmul.gflop").sum() == pytest.approx(sib.sum())
-  groups = P.sibling_groups(unmerged)
+  groups = S.sibling_groups(unmerged)
   assert len(groups) == 1 and len(groups[0][0].members) == 3 and groups[0][1] == 1
-  assert P.signature_from_key(groups[0][0].key) == groups[0][0]
-  assert not P.sibling_groups(merged)
+  assert S.signature_from_key(groups[0][0].key) == groups[0][0]
+  assert not S.sibling_groups(merged)
 
 
 def test_merged_qkv_costs_more_under_shipped_cpu_coefficients():
@@ -198,7 +200,7 @@ def test_merged_qkv_costs_more_under_shipped_cpu_coefficients():
   # interleaved runs (1.11-1.15x at [128, 768]), because XLA:CPU runs the three independent
   # matmuls concurrently and the one wide matmul gains nothing in efficiency. The shipped
   # coefficients reproduce the direction (sibling GFLOPs are cheaper than lone ones).
-  coeffs = M.load_coefficients("cpu")
+  coeffs = CF.load_coefficients("cpu")
   unmerged = float(_graph_cost(_qkv(False), coeffs))
   merged = float(_graph_cost(_qkv(True), coeffs))
   assert merged > unmerged
@@ -207,19 +209,19 @@ def test_merged_qkv_costs_more_under_shipped_cpu_coefficients():
 
 
 def test_shipped_coefficients_and_json_roundtrip(tmp_path):
-  coeffs = M.load_coefficients("cpu")
+  coeffs = CF.load_coefficients("cpu")
   assert coeffs.device_kind == "cpu" and not coeffs.epilogue_fusion
   w = np.asarray(coeffs.weights)
   assert w.shape == (M.NUM_FEATURES,) and (w >= 0).all() and float(coeffs.call_ms) > 0
-  path = M.save_coefficients(coeffs, tmp_path / "c.json", note="x")
-  again = M.load_coefficients("anything", path)
+  path = CF.save_coefficients(coeffs, tmp_path / "c.json", note="x")
+  again = CF.load_coefficients("anything", path)
   np.testing.assert_allclose(np.asarray(again.weights), w)
   with pytest.raises(M.CostModelError, match="python -m xrlflow_jax.cost calibrate"):
-    M.load_coefficients("Imaginary Accelerator 9000")
+    CF.load_coefficients("Imaginary Accelerator 9000")
   bad = tmp_path / "bad.json"
   bad.write_text(json.dumps({"device_kind": "cpu", "call_ms": 0.1, "weights": {"x": 1}}))
   with pytest.raises(M.CostModelError, match="missing"):
-    M.load_coefficients("cpu", bad)
+    CF.load_coefficients("cpu", bad)
 
 
 def test_nnls_and_fit_recover_known_coefficients():
@@ -305,9 +307,9 @@ def test_profiler_cache_second_run_measures_nothing(tmp_path, monkeypatch):
   assert again.measure_count == 0 and second.measured == 0 and not calls
   assert [r.median_ms for r in second.rows] == [r.median_ms for r in first.rows]
   # One file per device kind and JAX version; keys round-trip to signatures.
-  assert prof.cache.path.name == f"{M.slug(prof.device.device_kind)}-jax{jax.__version__}.json"
+  assert prof.cache.path.name == f"{CF.slug(prof.device.device_kind)}-jax{jax.__version__}.json"
   for r in first.rows:
-    assert P.signature_from_key(r.signature.key) == r.signature
+    assert S.signature_from_key(r.signature.key) == r.signature
   monkeypatch.setenv(P.CACHE_ENV, str(tmp_path / "env"))
   assert P.Profiler().cache.dir == tmp_path / "env"
 
@@ -315,7 +317,7 @@ def test_profiler_cache_second_run_measures_nothing(tmp_path, monkeypatch):
 def test_profiler_outvotes_a_disturbed_round(tmp_path, monkeypatch):
   """A kernel's time is the median of its per-round medians: two rounds slowed by another
   process do not move it, and the empty call timed in the same rounds is recorded beside it."""
-  sigs = [s for s, _ in P.graph_signatures(models.build("nasrnn", "tiny", capacity=256)[0])]
+  sigs = [s for s, _ in S.graph_signatures(models.build("nasrnn", "tiny", capacity=256)[0])]
   base = {0: 0.01, 1: 0.5, 2: 0.2}  # the empty call, then two signatures
 
   def fake_rounds(compiled, *, rounds, repeats_per_round, warmup, seed, min_round_time_s):
@@ -342,7 +344,7 @@ def test_hot_loop_kernel_takes_its_least_disturbed_round(tmp_path, monkeypatch):
   call: three disturbed rounds of five (the median's blind spot, which kept 1x512 @ 512x4096
   at 1.7x its time in the table) do not move it. An entry timed under the median is measured
   again."""
-  sig = P.OpSignature("MatMul", (0,) * 16, ((1, 64), (64, 64)), ("float32", "float32"))
+  sig = S.OpSignature("MatMul", (0,) * 16, ((1, 64), (64, 64)), ("float32", "float32"))
   base = {0: 0.01, 1: 0.6}  # the empty call, then the loop call
   slow = [1.0, 1.7, 1.65, 1.01, 1.8]
 
@@ -367,7 +369,7 @@ def test_a_batch_timed_under_load_is_timed_again_and_flagged(tmp_path, monkeypat
   the canary timed in each batch can. A batch whose canary runs 30% over its best is timed
   again (each kernel keeps its least round of all takes); one loaded in every take (1 +
   RETAKES) keeps its load in the entry, which is then measured again when next needed."""
-  sig = P.OpSignature("MatMul", (0,) * 16, ((1, 64), (64, 64)), ("float32", "float32"))
+  sig = S.OpSignature("MatMul", (0,) * 16, ((1, 64), (64, 64)), ("float32", "float32"))
   prof = P.Profiler(tmp_path, repeats=10)
   _, k_canary = prof._canary()  # pylint: disable=protected-access
   call, canary_call, loop_call = 0.01, 2.0, 0.6
@@ -407,7 +409,7 @@ def test_profiler_measures_again_what_was_timed_another_way(tmp_path):
   profiler) is measured again, and `KernelTimes` says it needs timing."""
   graph, _ = models.build("nasrnn", "tiny", capacity=256)
   prof = P.Profiler(tmp_path, repeats=4, min_time_s=0.0, warmup=1)
-  sig = next(s for s, _ in P.graph_signatures(graph) if s.op == "MatMul")
+  sig = next(s for s, _ in S.graph_signatures(graph) if s.op == "MatMul")
   stale = {"median_ms": 123.0, "q1_ms": 100.0, "q3_ms": 150.0, "runs": 30, "compile_s": 0.1,
            "op": sig.op, "describe": sig.describe()}
   prof.cache.put(sig.key, stale)
@@ -424,7 +426,7 @@ def test_kernels_are_timed_in_a_loop_that_runs_them_every_iteration(tmp_path):
   """The kernel table's times come from a loop of the op in one executable: cached under
   `LOOP_PREFIX`, per iteration, and not hoisted or dropped by XLA (a hoisted op would cost ~0
   per iteration; the bound is loose, the machine is shared)."""
-  sig = P.OpSignature("MatMul", (0,) * 16, ((128, 512), (512, 512)), ("float32", "float32"))
+  sig = S.OpSignature("MatMul", (0,) * 16, ((128, 512), (512, 512)), ("float32", "float32"))
   prof = P.Profiler(tmp_path, repeats=10, min_time_s=0.02, warmup=1)
   entries, errors = prof.profile_kernels([sig])
   assert not errors
@@ -441,7 +443,7 @@ def test_kernels_are_timed_in_a_loop_that_runs_them_every_iteration(tmp_path):
   assert table.profiler.measure_count == before
   assert list(table.ms.values()) == [pytest.approx(loop["median_ms"])]
   # Convolutions are timed a call at a time (XLA:CPU runs them another way inside a loop).
-  conv = P.OpSignature("Conv2D", (1, 1, 0, 0, 0, 0, 1, 1, 1) + (0,) * 7,
+  conv = S.OpSignature("Conv2D", (1, 1, 0, 0, 0, 0, 1, 1, 1) + (0,) * 7,
                        ((1, 8, 8, 8), (8, 8, 1, 1)), ("float32", "float32"))
   entries, errors = prof.profile_kernels([conv])
   assert not errors and "iterations" not in entries[conv.key]
@@ -547,7 +549,7 @@ def test_validate_model_two_passes_end_to_end(qkv_walker, tmp_path):
   graph = _qkv(False, 16, 64)
   kernels = kernel_table.KernelTimes(P.Profiler(cache_dir=tmp_path, repeats=5,
                                                 min_time_s=0.01))
-  res = V.validate_model(graph, _qkv_params(16, 64), M.load_coefficients("cpu"), name="qkv",
+  res = V.validate_model(graph, _qkv_params(16, 64), CF.load_coefficients("cpu"), name="qkv",
                          walker=qkv_walker, variants=3, neighbours=2, max_steps=2, rounds=2,
                          min_round_ms=2.0, passes=2, kernels=kernels, log=None)
   # The kernel-table ranking is of the same measurements: every variant's MatMuls measured.
@@ -575,7 +577,7 @@ def test_rewrite_gains_passes(qkv_walker):
   from xrlflow_jax.harness import rewrite_gains as gains  # pylint: disable=g-import-not-at-top
   graph = _qkv(False, 16, 64)
   rows = gains.rewrite_gains(graph, _qkv_params(16, 64), model="qkv", walker=qkv_walker,
-                             coeffs=M.load_coefficients("cpu"), rounds=2, min_round_ms=2.0,
+                             coeffs=CF.load_coefficients("cpu"), rounds=2, min_round_ms=2.0,
                              passes=2, log=None)
   # Both merge rules fire on the three projections; the split rule has nothing to split.
   assert sorted(r.rule for r in rows) == ["merge_matmul_shared_input_2",
@@ -659,13 +661,13 @@ def test_calibrate_feature_recovers_one_weight_and_keeps_the_rest():
 def test_calibration_on_first_use(tmp_path, monkeypatch):
   """A device kind the package ships no fit for is calibrated once (here on a one-model suite),
   cached per device kind, and loaded by later calls without calibrating again."""
-  monkeypatch.setattr(M, "coefficients_path",
-                      lambda kind: tmp_path / "shipped" / f"cost_{M.slug(kind)}.json")
-  monkeypatch.setenv(M.CALIBRATION_ENV, str(tmp_path / "calibrated"))
+  monkeypatch.setattr(CF, "coefficients_path",
+                      lambda kind: tmp_path / "shipped" / f"cost_{CF.slug(kind)}.json")
+  monkeypatch.setenv(CF.CALIBRATION_ENV, str(tmp_path / "calibrated"))
   monkeypatch.setenv(P.CACHE_ENV, str(tmp_path / "profiles"))
-  monkeypatch.delenv(M.COEFFS_ENV, raising=False)
+  monkeypatch.delenv(CF.COEFFS_ENV, raising=False)
   with pytest.raises(M.CostModelError, match="xrlflow_jax.cost calibrate"):
-    M.load_coefficients()
+    CF.load_coefficients()
   with pytest.raises(M.CostModelError, match="no cost-model coefficients"):
     calibrate.coefficients(calibrate_missing=False)
   monkeypatch.setattr(calibrate, "FULL_SUITE", (("squeezenet1_1", "tiny"),))
@@ -683,7 +685,7 @@ def test_calibration_on_first_use(tmp_path, monkeypatch):
   monkeypatch.setattr(calibrate, "calibrate", lambda **_: pytest.fail("calibrated twice"))
   again = calibrate.coefficients(log=logs.append)
   np.testing.assert_array_equal(np.asarray(again.weights), np.asarray(coeffs.weights))
-  assert M.load_coefficients().device_kind == "cpu"
+  assert CF.load_coefficients().device_kind == "cpu"
 
 
 _HLO = """HloModule jit_apply, entry_computation_layout={(f32[4,8]{1,0})->f32[4]{0}}

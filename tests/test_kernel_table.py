@@ -12,7 +12,8 @@ import pytest
 from xrlflow_jax import cost, models, search
 from xrlflow_jax.cost import incremental, kernel_table
 from xrlflow_jax.cost import model as cost_model
-from xrlflow_jax.cost.profiler import LOOP_TIMING, TIMING, OpSignature, Profiler
+from xrlflow_jax.cost.profiler import LOOP_TIMING, TIMING, Profiler
+from xrlflow_jax.cost.signatures import OpSignature
 from xrlflow_jax.errors import XrlflowError
 from xrlflow_jax.graph import GraphBuilder, layout
 from xrlflow_jax.ops import ATTR_WIDTH, Activation, Op

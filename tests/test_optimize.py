@@ -7,6 +7,7 @@ default path is one slow test.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -18,7 +19,7 @@ import numpy as np
 import pytest
 from absl import app, flags
 
-from xrlflow_jax import cost, errors, executor, measure, workflow
+from xrlflow_jax import cost, errors, executor, measure, search, workflow
 from xrlflow_jax import graph as G
 from xrlflow_jax import optimize as opt
 from xrlflow_jax import visualize
@@ -66,7 +67,6 @@ def _replay_hash(report_dir: Path, source: str, rules, **load_kwargs) -> str:
   data = json.loads((report_dir / "rewrites.json").read_text())
   # The searches keep the selected rules that can fire on the graph, in the selection's order.
   assert data["rules"] and data["rules"] == [r for r in rules if r in data["rules"]]
-  assert data["recorded"]
   loaded = opt.load_source(source, capacity=data["capacity"], **load_kwargs)
   assert G.structural_hash(loaded.graph) == data["hash_before"]
   ruleset = opt.ruleset_for_replay(data)
@@ -135,30 +135,38 @@ def _verdict(name: str) -> measure.Speedup:
   return measure.Speedup(ratio, ratio - 0.01, ratio + 0.01, 1.0, 0.99, 1.01, name, 0.95, 10)
 
 
-def test_measured_guard_keeps_the_input_unless_faster(zoo_report):
+def _guarded(monkeypatch, found: search.SearchResult, params, comparison: measure.Comparison
+             ) -> search.SearchResult:
+  """`search.measured_guard` on `found` with `measure.compare` answering `comparison`."""
+  monkeypatch.setattr(search.guard, "compare", lambda *a, **k: comparison)
+  return search.measured_guard(found, params, rounds=5)
+
+
+def test_measured_guard_keeps_the_input_unless_faster(zoo_report, monkeypatch):
   """Only the verdict "faster" keeps the optimised graph: a lower median is not enough."""
   report, _ = zoo_report
-  loaded = opt.Loaded("squeezenet1_1", "zoo", report.input_graph, report.params)
-  found = opt.Found(report.graph, report.cost_after_ms, report.cost_before_ms,
-                    list(report.rewrites), "taso", {})
+  found = dataclasses.replace(report.result, guard=None, comparison=None, checkpoints=[])
   before = _stats(1.0)
 
   def comparison(verdict: str, after_ms: float) -> measure.Comparison:
     return measure.Comparison(before, before, [_stats(after_ms)], [_verdict(verdict)])
 
-  kept, after, verdict, decision = opt.measured_guard(loaded, found, comparison("faster", 0.8))
-  assert kept is found and after.median_ms == 0.8 and verdict.faster and decision.kept == "path"
+  kept = _guarded(monkeypatch, found, report.params, comparison("faster", 0.8))
+  assert kept.best_graph is report.graph and kept.best_latency.median_ms == 0.8
+  assert kept.measured.faster and kept.guard.kept == "path"
   for name, ms in (("no change", 0.99), ("slower", 1.2)):  # a lower median is not enough
-    kept, after, verdict, decision = opt.measured_guard(loaded, found, comparison(name, ms))
-    assert decision.kept == "input" and decision.path_speedup.verdict == name
-    assert kept.graph is report.input_graph and kept.rewrites == [] and after is before
-    assert kept.cost_ms == report.cost_before_ms and verdict.verdict == "unchanged"
-    assert kept.details["measured_guard"]["rejected_latency_median_ms"] == ms
-    assert kept.details["measured_guard"]["rejected_verdict"]["verdict"] == name
-  same = opt.Found(report.input_graph, report.cost_before_ms, report.cost_before_ms, [], "taso",
-                   {})
+    kept = _guarded(monkeypatch, found, report.params, comparison(name, ms))
+    assert kept.guard.kept == "input" and kept.guard.path_speedup.verdict == name
+    assert kept.best_graph is report.input_graph and kept.rewrites == []
+    assert kept.best_latency is before and kept.returned_input
+    assert kept.best_cost_ms == report.cost_before_ms and kept.guard.speedup.verdict == "unchanged"
+    assert kept.options["measured_guard"]["rejected_latency_median_ms"] == ms
+    assert kept.options["measured_guard"]["rejected_verdict"]["verdict"] == name
+  same = dataclasses.replace(found, best_graph=report.input_graph, rewrites=[],
+                             returned_input=True)
   unchanged = measure.Comparison(before, None, [before], [measure.Speedup.unchanged()])
-  assert opt.measured_guard(loaded, same, unchanged)[0] is same  # nothing rewritten
+  kept = _guarded(monkeypatch, same, report.params, unchanged)  # nothing rewritten
+  assert kept.best_graph is report.input_graph and kept.guard is None
 
 
 def test_changed_nodes_are_local(zoo_report):
@@ -258,8 +266,8 @@ def test_numerics_failure_writes_nothing(tmp_path, monkeypatch):
   loaded = opt.load_source("squeezenet1_1", size="tiny")
   check = opt.check_numerics(loaded.graph, loaded.graph, loaded.params)
   assert check.passed and check.max_abs_error == 0.0 and check.outputs == 1
-  found = opt.Found(loaded.graph, 1.0, 2.0, [], "greedy", {})
-  monkeypatch.setattr(opt.methods, "run_search", lambda *a, **k: found)
+  found = search.SearchResult("greedy", loaded.graph, loaded.graph, [], 2.0, 1.0)
+  monkeypatch.setattr(opt.methods, "run_search", lambda *a, **k: (found, {}))
   monkeypatch.setattr(opt.pipeline, "check_numerics",
                       lambda *a, **k: opt.NumericsCheck(0.5, 0.5, 1, 1e-3, False))
   out = tmp_path / "out"
@@ -491,7 +499,7 @@ def test_guard_returns_a_checkpoint_measured_faster_than_the_whole_path(tmp_path
     return measure.Comparison(before, before, [_stats(1 / v.ratio) for v in verdicts],
                               verdicts, numerics)
 
-  monkeypatch.setattr(opt.pipeline, "compare", fake_compare)
+  monkeypatch.setattr(search.guard, "compare", fake_compare)
   out = tmp_path / "out"
   report = opt.optimize_model("nasrnn", method="taso", size="tiny", budget=20,
                               rules=CHECKPOINT_RULES, output_dir=out, kernel_table=False,
@@ -512,24 +520,24 @@ def test_guard_returns_a_checkpoint_measured_faster_than_the_whole_path(tmp_path
     opt.optimize_model("nasrnn", size="tiny", checkpoints=-1, write=False)
 
 
-def test_measured_guard_prefers_the_whole_path_when_it_measures_at_least_as_fast(zoo_report):
+def test_measured_guard_prefers_the_whole_path_when_it_measures_at_least_as_fast(zoo_report,
+                                                                                monkeypatch):
   report, _ = zoo_report
-  loaded = opt.Loaded("squeezenet1_1", "zoo", report.input_graph, report.params)
-  cp = opt.methods.Checkpoint(1, report.input_graph, report.cost_before_ms)
-  found = opt.Found(report.graph, report.cost_after_ms, report.cost_before_ms,
-                    list(report.rewrites), "taso", {}, [cp])
+  cp = search.Checkpoint(1, report.input_graph, report.cost_before_ms)
+  found = dataclasses.replace(report.result, guard=None, comparison=None, checkpoints=[cp])
   before = _stats(1.0)
 
   def comparison(whole: str, prefix: str) -> measure.Comparison:
     return measure.Comparison(before, before, [_stats(0.8), _stats(0.9)],
                               [_verdict(whole), _verdict(prefix)])
 
-  kept, _, verdict, _ = opt.measured_guard(loaded, found, comparison("faster", "faster"), [1])
-  assert kept.graph is report.graph and verdict.faster  # equal ratios: the whole path
-  assert kept.details["checkpoints"][0]["rewrites"] == 1 and "checkpoint" not in kept.details
-  kept, _, _, _ = opt.measured_guard(loaded, found, comparison("no change", "no change"), [1])
-  assert kept.graph is report.input_graph and "measured_guard" in kept.details
-  kept, _, _, decision = opt.measured_guard(loaded, found, comparison("slower", "faster"), [1])
-  assert kept.rewrites == list(report.rewrites)[:1] and kept.details["checkpoint"]["of"] == len(
-      report.rewrites)
+  kept = _guarded(monkeypatch, found, report.params, comparison("faster", "faster"))
+  assert kept.best_graph is report.graph and kept.measured.faster  # equal ratios: whole path
+  assert kept.options["checkpoints"][0]["rewrites"] == 1 and "checkpoint" not in kept.options
+  kept = _guarded(monkeypatch, found, report.params, comparison("no change", "no change"))
+  assert kept.best_graph is report.input_graph and "measured_guard" in kept.options
+  kept = _guarded(monkeypatch, found, report.params, comparison("slower", "faster"))
+  assert kept.rewrites == list(report.result.rewrites)[:1]
+  assert kept.options["checkpoint"]["of"] == len(report.rewrites)
+  decision = kept.guard
   assert (decision.kept, decision.rewrites, decision.index) == ("checkpoint", 1, 1)

@@ -224,12 +224,12 @@ def test_installed_package_runs_every_method_outside_the_checkout(installed, tmp
                                output_dir=f"out_{method}", measure=False, picture=False,
                                compilation_cache_dir="off", log=lambda *_: None)
         out[method] = {"numerics": r.numerics.passed, "found_by": r.found_by,
-                       "files": sorted(r.files), "recorded": r.rewrites is not None}
+                       "files": sorted(r.files)}
       print(json.dumps(out))
       """, tmp_path, timeout=1800)
   assert res.returncode == 0, res.stderr[-3000:]
   out = json.loads(res.stdout.strip().splitlines()[-1])
   assert sorted(out) == sorted(["ppo", "greedy", "taso", "beam", "random"]), out
   for method, r in out.items():
-    assert r["numerics"] and r["recorded"], (method, r)
+    assert r["numerics"], (method, r)
     assert {"report", "rewrites", "graph_text"} <= set(r["files"]), (method, r)

@@ -211,6 +211,22 @@ def _head_repeat(w: jax.Array, hid: int) -> jax.Array:
   return jnp.repeat(w, hid // w.shape[-1], axis=-1)
 
 
+def gat_update(h: jax.Array, g: jax.Array, fwd: jax.Array, bwd: jax.Array,
+               alive: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """The end of a GAT layer, called in its compact `__call__` (the parameters "global",
+  "global_norm", "update" and "norm" are that layer's): the global embedding g float32[H] is
+  updated from the mean of the alive nodes, then every node of h float32[N, H] from itself, its
+  forward and backward messages fwd, bwd float32[N, H] and the new global one. alive: bool[N].
+  Returns (h' float32[N, H], zero where not alive; g' float32[H])."""
+  n, hid = h.shape
+  g_new = g + MLP((hid, hid), name="global")(jnp.concatenate([g, _masked_mean(h, alive)]))
+  g_new = nn.LayerNorm(name="global_norm")(g_new)
+  upd = MLP((2 * hid, hid), name="update")(
+      jnp.concatenate([h, fwd, bwd, jnp.broadcast_to(g_new, (n, hid))], -1))
+  h = nn.LayerNorm(name="norm")(h + upd)
+  return jnp.where(alive[:, None], h, 0.0), g_new
+
+
 class GATLayer(nn.Module):
   """One round of two-way multi-head edge attention with a global update.
 
@@ -272,12 +288,7 @@ class GATLayer(nn.Module):
                               x.edge_valid, x.senders, n).reshape(n, hid)
     bwd = bwd + jnp.where(x.has_consumer[:, None], bev(t), 0.0)
 
-    g_new = g + MLP((hid, hid), name="global")(jnp.concatenate([g, _masked_mean(h, x.alive)]))
-    g_new = nn.LayerNorm(name="global_norm")(g_new)
-    upd = MLP((2 * hid, hid), name="update")(
-        jnp.concatenate([h, fwd, bwd, jnp.broadcast_to(g_new, (n, hid))], -1))
-    h = nn.LayerNorm(name="norm")(h + upd)
-    return jnp.where(x.alive[:, None], h, 0.0), g_new
+    return gat_update(h, g, fwd, bwd, x.alive)
 
 
 class GraphEncoder(nn.Module):

@@ -97,8 +97,8 @@ def main(argv: Sequence[str]) -> None:
   source = source_from_flags()
   try:
     shapes = opt.parse_input_shapes(_SHAPES.value)
-    report = opt.optimize_model(
-        source, method=_METHOD.value, size=_SIZE.value, input_shapes=shapes or None,
+    options = opt.OptimizeOptions(
+        method=_METHOD.value, size=_SIZE.value, input_shapes=shapes or None,
         output_dir=_OUTPUT.value or None, budget=_BUDGET.value, seed=_SEED.value,
         capacity=_CAPACITY.value or None, rules=_RULES.value or None, measure=_MEASURE.value,
         latency_rounds=_TIMING.rounds.value, latency_looks=_TIMING.looks.value,
@@ -108,6 +108,7 @@ def main(argv: Sequence[str]) -> None:
         cost_coefficients=_COEFFS.value or None, precision=_PRECISION.value,
         kernel_table=_KERNELS.value, against=_AGAINST.value or None,
         checkpoints=_CHECKPOINTS.value)
+    report = opt.optimize_model(source, options)
   except UsageError as e:  # bad input: one line, no usage text, no traceback
     raise SystemExit(f"error: {e}") from None
   except XrlflowError as e:

@@ -30,6 +30,7 @@ import numpy as np
 
 from xrlflow_jax import models, workflow
 from xrlflow_jax.cost import calibrate as calibrate_lib
+from xrlflow_jax.cost import coefficient_files
 from xrlflow_jax.cost import fit as fit_lib
 from xrlflow_jax.cost import fusion_profile
 from xrlflow_jax.measure import latency
@@ -42,7 +43,7 @@ from xrlflow_jax.graph import host
 
 def _coeffs_or_none(device_kind: str, path: str | None) -> cost_model.CostCoefficients | None:
   try:
-    return cost_model.load_coefficients(device_kind, path)
+    return coefficient_files.load_coefficients(device_kind, path)
   except cost_model.CostModelError as e:
     print(f"(no model column: {e})", file=sys.stderr)
     return None
@@ -98,8 +99,8 @@ def cmd_fit(args: argparse.Namespace) -> int:
   print({k: v for k, v in details.items() if k.startswith(("graph_model", "pair_sp"))})
   for n, v in coeffs.named().items():
     print(f"  {n:<22}{v:.6g}")
-  out = args.out or cost_model.coefficients_path(prof.device.device_kind)
-  path = cost_model.save_coefficients(
+  out = args.out or coefficient_files.coefficients_path(prof.device.device_kind)
+  path = coefficient_files.save_coefficients(
       coeffs, out, jax_version=jax.__version__, backend=prof.device.platform,
       fit={**report.to_json(), **details, "models": args.models, "sizes": args.sizes,
            "variants_per_model": args.variants, "seed": args.seed})
@@ -120,7 +121,7 @@ def cmd_cost(args: argparse.Namespace) -> int:
   loaded = workflow.load(args.model, size=args.size)
   graph, params, name = loaded.graph, loaded.params, loaded.name
   device = latency.resolve_device(args.backend)
-  coeffs = cost_model.load_coefficients(device.device_kind, args.coeffs)
+  coeffs = coefficient_files.load_coefficients(device.device_kind, args.coeffs)
   per_node = np.asarray(jax.jit(cost_model.node_costs)(graph, coeffs))
   total = float(jax.jit(cost_model.graph_cost)(graph, coeffs))
   print(f"{name}: modelled {total:.4f} ms ({int((per_node > 0).sum())} costed nodes, call "

@@ -24,6 +24,7 @@ from typing import Callable, Sequence
 import jax
 
 from xrlflow_jax import models
+from xrlflow_jax.cost import coefficient_files
 from xrlflow_jax.cost import fit as fit_lib
 from xrlflow_jax.measure import latency
 from xrlflow_jax.cost import model as cost_model
@@ -63,7 +64,8 @@ def calibrate(*, quick: bool = False, out: str | os.PathLike | None = None,
   Args:
     quick: `QUICK_SUITE` (tiny models) instead of `FULL_SUITE`; suite: another list of
       (zoo model, size) pairs.
-    out: the JSON file to write (default `cost.model.calibrated_path(<this device kind>)`).
+    out: the JSON file to write (default: this device kind's
+      `cost.coefficient_files.calibrated_path`).
     backend: JAX platform to calibrate (default JAX's default device).
     profile_cache: the profiler's cache directory (default its own); measured signatures are
       kept there, so a second calibration measures only what is new.
@@ -83,8 +85,8 @@ def calibrate(*, quick: bool = False, out: str | os.PathLike | None = None,
   coeffs, report, details = fit_lib.fit_on_graphs(prof, samples, progress=log is not None,
                                                   log=log or (lambda _: None))
   seconds = time.perf_counter() - t0
-  path = cost_model.save_coefficients(
-      coeffs, out or cost_model.calibrated_path(kind), jax_version=jax.__version__,
+  path = coefficient_files.save_coefficients(
+      coeffs, out or coefficient_files.calibrated_path(kind), jax_version=jax.__version__,
       backend=prof.device.platform,
       fit={**report.to_json(), **details, "calibration": "quick" if quick else "full",
            "suite": [f"{m}[{s}]" for m, s in suite], "seconds": seconds})
@@ -107,14 +109,14 @@ def coefficients(path: str | os.PathLike | None = None, *, backend: str | None =
   Raises:
     CostModelError: a bad file, or no coefficients and `calibrate_missing=False`.
   """
-  if path is not None or os.environ.get(cost_model.COEFFS_ENV):
-    return cost_model.load_coefficients(path=path)
+  if path is not None or os.environ.get(coefficient_files.COEFFS_ENV):
+    return coefficient_files.load_coefficients(path=path)
   kind = latency.resolve_device(backend).device_kind
-  if (not calibrate_missing or cost_model.coefficients_path(kind).is_file()
-      or cost_model.calibrated_path(kind).is_file()):
-    return cost_model.load_coefficients(kind)  # without any: raises, saying how to calibrate
+  if (not calibrate_missing or coefficient_files.coefficients_path(kind).is_file()
+      or coefficient_files.calibrated_path(kind).is_file()):
+    return coefficient_files.load_coefficients(kind)  # none: raises, saying how to calibrate
   if log:
     log(f"no cost-model coefficients for device kind {kind!r}: calibrating once on this device "
-        f"(cached in {cost_model.calibrated_path(kind)}; `python -m xrlflow_jax.cost calibrate` does the "
-        "same on demand)")
+        f"(cached in {coefficient_files.calibrated_path(kind)}; `python -m xrlflow_jax.cost "
+        "calibrate` does the same on demand)")
   return calibrate(quick=quick, backend=backend, log=log).coeffs

@@ -20,6 +20,7 @@ from xrlflow_jax import measure
 from xrlflow_jax.measure import latency
 from xrlflow_jax.cost import model as cost_model
 from xrlflow_jax.cost import profiler as profiler_lib
+from xrlflow_jax.cost import signatures
 from xrlflow_jax.cost.model import CostCoefficients, CostModelError
 from xrlflow_jax.graph import ParamStore, host, layout
 
@@ -203,7 +204,7 @@ def calibrate_feature(coeffs: CostCoefficients, name: str,
 
 def profile_rows(entries: dict[str, dict[str, Any]], *, epilogue_fusion: bool = False,
                  keys: Sequence[str] | None = None
-                 ) -> tuple[np.ndarray, np.ndarray, list[profiler_lib.OpSignature]]:
+                 ) -> tuple[np.ndarray, np.ndarray, list[signatures.OpSignature]]:
   """(features [S, F], median ms [S], signatures) of cached op and sibling-group profiles (the
   call entry and whole-graph and side-by-side entries are skipped)."""
   sigs, times = [], []
@@ -212,9 +213,9 @@ def profile_rows(entries: dict[str, dict[str, Any]], *, epilogue_fusion: bool = 
         or key.startswith((GRAPH_PREFIX, PAIR_PREFIX, profiler_lib.LOOP_PREFIX))
         or key not in entries):
       continue
-    sigs.append(profiler_lib.signature_from_key(key))
+    sigs.append(signatures.signature_from_key(key))
     times.append(float(entries[key]["median_ms"]))
-  feats = profiler_lib.single_op_features(sigs, epilogue_fusion)
+  feats = signatures.single_op_features(sigs, epilogue_fusion)
   return feats, np.asarray(times), sigs
 
 
@@ -224,17 +225,17 @@ def group_pairs(entries: dict[str, dict[str, Any]], *,
   group in one executable; base: the members one call each)."""
   sigs, base_ms, ratio, calls = [], [], [], []
   for key, entry in sorted(entries.items()):
-    if not key.startswith(profiler_lib.GROUP_PREFIX) or "members_ms" not in entry:
+    if not key.startswith(signatures.GROUP_PREFIX) or "members_ms" not in entry:
       continue
     total = float(sum(entry["members_ms"]))
-    sigs.append(profiler_lib.signature_from_key(key))
+    sigs.append(signatures.signature_from_key(key))
     base_ms.append(total)
     ratio.append(float(entry["median_ms"]) / total)
     calls.append(len(entry["members_ms"]))
   if not sigs:
     return None
-  variant = profiler_lib.single_op_features(sigs, epilogue_fusion)
-  base = np.stack([profiler_lib.single_op_features(list(g.members), epilogue_fusion).sum(0)
+  variant = signatures.single_op_features(sigs, epilogue_fusion)
+  base = np.stack([signatures.single_op_features(list(g.members), epilogue_fusion).sum(0)
                    for g in sigs])
   return Pairs(base, variant, np.asarray(ratio), np.asarray(base_ms), np.asarray(calls, float))
 
@@ -341,7 +342,7 @@ def fit_on_graphs(prof: profiler_lib.Profiler, samples: Sequence[GraphSample], *
       to one op row): ops timed alone overstate the per-kernel overhead that consecutive
       kernels of one executable share.
     sibling_groups: also profile groups of sibling MatMuls/Conv2Ds together (see
-      `profiler.GroupSignature`): the rows the `*.gflop_sibling` coefficients come from.
+      `signatures.GroupSignature`): the rows the `*.gflop_sibling` coefficients come from.
   Returns:
     (coefficients, report, details) where details records the rows used.
   """
@@ -353,9 +354,9 @@ def fit_on_graphs(prof: profiler_lib.Profiler, samples: Sequence[GraphSample], *
   for s, vs in zip(samples, variants):
     sigs: dict[Any, None] = {}
     for g in [s.graph, *vs]:
-      sigs.update((sig, None) for sig, _ in profiler_lib.graph_signatures(g))
+      sigs.update((sig, None) for sig, _ in signatures.graph_signatures(g))
       if sibling_groups:
-        sigs.update((grp, None) for grp, _ in profiler_lib.sibling_groups(g))
+        sigs.update((grp, None) for grp, _ in signatures.sibling_groups(g))
     before = prof.measure_count
     prof.profile_signatures(list(sigs), progress=progress)
     keys.update((sig.key, None) for sig in sigs)

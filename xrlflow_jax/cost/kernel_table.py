@@ -34,7 +34,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from xrlflow_jax.cost import model
-from xrlflow_jax.cost.profiler import OpSignature, Profiler, node_signature
+from xrlflow_jax.cost.profiler import Profiler
+from xrlflow_jax.cost.signatures import OpSignature, node_signature
 from xrlflow_jax.graph import host, layout, transforms
 from xrlflow_jax.ops import Op
 

@@ -1,18 +1,18 @@
 """The per-op profiler: every distinct op signature of a graph compiled alone with XLA and timed.
 
-A signature is what decides an op's run time: op, attribute vector, input shapes and dtypes.
-Each one becomes a single-op graph (every operand a graph input, so nothing is folded), lowered
-with the executor, compiled with `jit` (compile excluded from timing) and fed fixed random
-inputs. The signatures measured together (up to `BATCH` at a time) and an empty call are timed
-in `ROUNDS` interleaved rounds (`latency.time_interleaved`, a fresh order per round), and a
-signature's time is the median of its per-round medians: a round that another process
-disturbs is outvoted instead of biasing the one kernel that was timed then. Results are cached
-on disk as JSON, one file per device kind and JAX version, keyed by signature, so a second run
-of the same model measures nothing new; entries timed another way (an older `TIMING`) are
-measured again. The cost model's MatMuls are timed in a hot loop instead (`profile_kernels`).
-Groups of sibling MatMuls/Conv2Ds (reading one tensor) are also profiled together, interleaved
-with their members alone, to measure what XLA:CPU's concurrent execution of independent kernels
-buys (see `GroupSignature`).
+A signature (`cost.signatures`) is what decides an op's run time: op, attribute vector, input
+shapes and dtypes. Each one becomes a single-op graph (every operand a graph input, so nothing
+is folded), lowered with the executor, compiled with `jit` (compile excluded from timing) and
+fed fixed random inputs. The signatures measured together (up to `BATCH` at a time) and an empty
+call are timed in `ROUNDS` interleaved rounds (`latency.time_interleaved`, a fresh order per
+round), and a signature's time is the median of its per-round medians: a round that another
+process disturbs is outvoted instead of biasing the one kernel that was timed then. Results are
+cached on disk as JSON, one file per device kind and JAX version, keyed by signature, so a
+second run of the same model measures nothing new; entries timed another way (an older `TIMING`)
+are measured again. The cost model's MatMuls are timed in a hot loop instead
+(`profile_kernels`). Groups of sibling MatMuls/Conv2Ds (reading one tensor) are also profiled
+together, interleaved with their members alone, to measure what XLA:CPU's concurrent execution
+of independent kernels buys (see `GroupSignature`).
 
     prof = Profiler()                            # cache: $XRLFLOW_PROFILE_CACHE or
     result = prof.profile_graph(graph)           #   ~/.cache/xrlflow_jax/profiles
@@ -33,14 +33,15 @@ import numpy as np
 
 from xrlflow_jax import executor, ops
 from xrlflow_jax.measure import latency
+from xrlflow_jax.cost import coefficient_files
 from xrlflow_jax.cost import model as cost_model
+from xrlflow_jax.cost.signatures import (GroupSignature, OpSignature, ProfileError,
+                                         graph_signatures, single_op_costs)
 from xrlflow_jax.errors import XrlflowError
-from xrlflow_jax.graph import GraphBuilder, host, layout, transforms
-from xrlflow_jax.ops import DType, Op
+from xrlflow_jax.graph import layout
 
 CACHE_ENV = "XRLFLOW_PROFILE_CACHE"
 DEFAULT_CACHE_DIR = Path("~/.cache/xrlflow_jax/profiles")
-SINGLE_OP_CAPACITY = 8  # single-op graphs: up to 7 operands + the op
 CALL_KEY = "__call__"  # the cache entry of an empty call (the fixed cost of one dispatch)
 # How signatures are timed; cached entries without this tag are measured again. Interleaved
 # rounds, not each signature alone in one window (median of its runs): timed alone, a kernel
@@ -95,164 +96,14 @@ RETAKES = 2
 # chooses it for a graph none of whose weights two MatMuls read.
 
 
-class ProfileError(XrlflowError):
-  """A signature that cannot be profiled, or a cache file that cannot be read or written."""
-
-
 def default_cache_dir() -> Path:
   """$XRLFLOW_PROFILE_CACHE if set, else ~/.cache/xrlflow_jax/profiles."""
   return Path(os.environ.get(CACHE_ENV) or DEFAULT_CACHE_DIR).expanduser()
 
 
-@dataclasses.dataclass(frozen=True)
-class OpSignature:
-  """What an op's run time depends on: op name, attribute vector, input shapes and dtypes."""
-  op: str
-  attrs: tuple[int, ...]
-  in_shapes: tuple[tuple[int, ...], ...]
-  in_dtypes: tuple[str, ...]
-
-  @property
-  def key(self) -> str:
-    """A stable text key, e.g. 'MatMul|0,0,...|64x64;64x256|float32;float32'."""
-    shapes = ";".join("x".join(str(d) for d in s) or "scalar" for s in self.in_shapes)
-    return (f"{self.op}|{','.join(str(a) for a in self.attrs)}|{shapes}|"
-            f"{';'.join(self.in_dtypes)}")
-
-  def describe(self) -> str:
-    """Readable: op, input shapes and the attributes that differ from their defaults."""
-    spec = ops.get(self.op)
-    decoded = spec.decode_attrs(np.asarray(self.attrs, np.int32))
-    defaults = {f.name: f.default for f in spec.attrs}
-    shown = {k: v for k, v in decoded.items() if v != defaults.get(k)}
-    if spec.code == Op.RESHAPE:
-      shown = {"shape": list(decoded["shape"][ops.MAX_RANK - decoded["rank"]:])}
-    elif spec.code == Op.TRANSPOSE:
-      shown = {"perm": list(decoded["perm"][:len(self.in_shapes[0])])}
-    args = ", ".join(f"{dt}{list(s)}" for s, dt in zip(self.in_shapes, self.in_dtypes))
-    extra = " " + " ".join(f"{k}={v}" for k, v in shown.items()) if shown else ""
-    return f"{self.op}({args}){extra}"
-
-  def single_op_graph(self) -> tuple[layout.Graph, Any]:
-    """The op alone: one graph input per operand, the op, its output. Returns (graph, params)."""
-    n = len(self.in_shapes)
-    b = GraphBuilder(max_inputs=max(layout.DEFAULT_MAX_INPUTS, n), name=self.describe())
-    xs = [b.input(s, dtype=dt) for s, dt in zip(self.in_shapes, self.in_dtypes)]
-    spec = ops.get(self.op)
-    y = b.node(spec.code, xs, **spec.decode_attrs(np.asarray(self.attrs, np.int32)))
-    b.output(y)
-    return b.build(max(SINGLE_OP_CAPACITY, n + 1))
-
-
 CANARY = OpSignature("MatMul", (0,) * ops.ATTR_WIDTH, ((1, 512), (512, 4096)),
                      ("float32", "float32"))  # see LOADED
 CANARY_KEY = LOOP_PREFIX + "__canary__"  # its least time an iteration (not a signature entry)
-
-
-def graph_signatures(graph: layout.Graph) -> list[tuple[OpSignature, int]]:
-  """Distinct signatures of the ops that run when the graph is executed, with their counts.
-
-  Skips graph inputs, constants, constant nodes (folded at lowering) and nodes from which no
-  output is reachable (never run). The graph is validated first (GraphValidationError).
-  """
-  g = layout.to_host(graph)
-  host.validate(g)
-  nd = g.nodes
-  table = layout.input_table(g)
-  live = np.asarray(jax.jit(transforms.live_nodes)(graph))
-  counts: dict[OpSignature, int] = {}
-  for v in host.topological_order(g):
-    if not live[v] or nd["is_constant"][v] or int(nd["op"][v]) in (Op.INPUT, Op.CONSTANT):
-      continue
-    sig = node_signature(g, table, int(v))
-    counts[sig] = counts.get(sig, 0) + 1
-  return list(counts.items())
-
-
-GROUP_PREFIX = "group|"
-GROUP_CAPACITY = 16
-MAX_GROUP = 7  # siblings profiled together at most (and as many as fit GROUP_CAPACITY slots)
-
-
-@dataclasses.dataclass(frozen=True)
-class GroupSignature:
-  """Sibling MatMuls/Conv2Ds that read one tensor, profiled together in one executable.
-
-  XLA:CPU runs independent kernels concurrently, so siblings cost less together than one at a
-  time; groups are what the cost model's `*.gflop_sibling` coefficients are fitted from.
-  Every member's first operand is the same shape; in the graph it is one shared input.
-  """
-  members: tuple[OpSignature, ...]
-  op = "group"
-
-  @property
-  def key(self) -> str:
-    return GROUP_PREFIX + "||".join(m.key for m in self.members)
-
-  def describe(self) -> str:
-    return f"{len(self.members)} siblings: " + "; ".join(m.describe() for m in self.members)
-
-  def single_op_graph(self) -> tuple[layout.Graph, Any]:
-    """The siblings alone: one shared first input, their other operands, each an output."""
-    first = self.members[0]
-    b = GraphBuilder(max_inputs=layout.DEFAULT_MAX_INPUTS, name=self.describe())
-    x = b.input(first.in_shapes[0], dtype=first.in_dtypes[0])
-    outs = []
-    for m in self.members:
-      rest = [b.input(sh, dtype=dt) for sh, dt in zip(m.in_shapes[1:], m.in_dtypes[1:])]
-      spec = ops.get(m.op)
-      outs.append(b.node(spec.code, [x, *rest],
-                         **spec.decode_attrs(np.asarray(m.attrs, np.int32))))
-    b.output(*outs)
-    return b.build(GROUP_CAPACITY)
-
-
-def sibling_groups(graph: layout.Graph) -> list[tuple[GroupSignature, int]]:
-  """Groups of >= 2 MatMul / ungrouped Conv2D nodes reading one tensor (through bitcasts) as
-  their first operand with the same shape, with how often each group occurs (host)."""
-  g = layout.to_host(graph)
-  nd = g.nodes
-  table = layout.input_table(g)
-  live = np.asarray(jax.jit(transforms.live_nodes)(graph))
-  bitcast = {int(Op.RESHAPE), int(Op.SQUEEZE), int(Op.UNSQUEEZE)}
-  groups_attr = ops.get(Op.CONV2D).attr_offsets()["groups"][0]
-  by_source: dict[tuple[int, tuple[int, ...]], list[int]] = {}
-  for v in np.flatnonzero(nd["alive"] & live & ~nd["is_constant"]):
-    op = int(nd["op"][v])
-    if op not in (Op.MATMUL, Op.CONV2D) or table[v][0] < 0:
-      continue
-    if op == Op.CONV2D and nd["attrs"][v][groups_attr] > 1:
-      continue
-    u = int(table[v][0])
-    for _ in range(4):
-      if int(nd["op"][u]) in bitcast and not nd["is_constant"][u] and table[u][0] >= 0:
-        u = int(table[u][0])
-    shape = ops.unpad_shape(nd["shape"][table[v][0]], nd["rank"][table[v][0]])
-    by_source.setdefault((u, shape), []).append(int(v))
-  counts: dict[GroupSignature, int] = {}
-  for members in by_source.values():
-    sigs, slots = [], 1  # the shared input
-    for v in members[:MAX_GROUP]:
-      sig = node_signature(g, table, v)
-      if slots + len(sig.in_shapes) > GROUP_CAPACITY:  # the op and its other operands
-        break
-      sigs.append(sig)
-      slots += len(sig.in_shapes)
-    if len(sigs) < 2:
-      continue
-    group = GroupSignature(tuple(sorted(sigs, key=lambda s: s.key)))
-    counts[group] = counts.get(group, 0) + 1
-  return list(counts.items())
-
-
-def node_signature(g: layout.Graph, table: np.ndarray, v: int) -> OpSignature:
-  """The signature of node slot `v` of host graph `g` (`table`: its `layout.input_table`)."""
-  nd = g.nodes
-  inputs = [int(u) for u in table[v] if u >= 0]
-  return OpSignature(
-      ops.get(int(nd["op"][v])).name, tuple(int(a) for a in nd["attrs"][v]),
-      tuple(ops.unpad_shape(nd["shape"][u], nd["rank"][u]) for u in inputs),
-      tuple(DType(int(nd["dtype"][u])).name.lower() for u in inputs))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -273,7 +124,7 @@ class ProfileCache:
     self.dir = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
     self.device_kind = device_kind
     self.jax_version = jax_version
-    self.path = self.dir / f"{cost_model.slug(device_kind)}-jax{jax_version}.json"
+    self.path = self.dir / f"{coefficient_files.slug(device_kind)}-jax{jax_version}.json"
     self.entries: dict[str, dict[str, Any]] = self._read()
 
   def _read(self) -> dict[str, dict[str, Any]]:
@@ -473,7 +324,7 @@ class Profiler:
     like `profile_many` (`BATCH` at a time, interleaved rounds with an empty call, the median
     of the round medians) and cached under `LOOP_PREFIX`. MatMuls (`LOOP_OPS`) with a float data
     operand only; others (convolutions), and every kernel when `streamed`, are timed one call
-    at a time (`profile_many`; see the note on streamed timing above `ProfileError`).
+    at a time (`profile_many`; see the note on streamed timing below `RETAKES`).
 
     Returns:
       ({sig.key: entry}, {sig.key: error}); entry["median_ms"] is the time of one iteration
@@ -698,46 +549,3 @@ class Profiler:
     rows = [ProfileRow(s, c, entries[s.key]["median_ms"], entries[s.key]["q1_ms"],
                        entries[s.key]["q3_ms"], s.key in cached) for s, c in sigs]
     return GraphProfile(rows, call, self.device.device_kind, self.device.platform)
-
-
-# ----------------------------------------------------------------------------------------------
-# Features of single-op graphs (for fitting and for the table)
-# ----------------------------------------------------------------------------------------------
-
-_FEATURES_JIT: dict[bool, Any] = {}
-
-
-def single_op_features(sigs: Sequence[OpSignature | GroupSignature],
-                       epilogue_fusion: bool = False) -> np.ndarray:
-  """float32[S, F]: the cost features of each signature's graph (what is timed)."""
-  if epilogue_fusion not in _FEATURES_JIT:
-    _FEATURES_JIT[epilogue_fusion] = jax.jit(
-        lambda g: cost_model.graph_features(g, epilogue_fusion))
-  fn = _FEATURES_JIT[epilogue_fusion]
-  out = np.zeros([len(sigs), cost_model.NUM_FEATURES], np.float32)
-  for i, sig in enumerate(sigs):
-    graph, _ = sig.single_op_graph()
-    out[i] = np.asarray(fn(graph))
-  return out
-
-
-def single_op_costs(sigs: Sequence[OpSignature],
-                    coeffs: cost_model.CostCoefficients) -> np.ndarray:
-  """float64[S]: the model's cost (ms, without the call overhead) of each op alone."""
-  feats = single_op_features(sigs, coeffs.epilogue_fusion)
-  return feats.astype(np.float64) @ np.asarray(coeffs.weights, np.float64)
-
-
-def signature_from_key(key: str) -> OpSignature | GroupSignature:
-  """Inverse of `OpSignature.key` and `GroupSignature.key`; ProfileError for a malformed key."""
-  if key.startswith(GROUP_PREFIX):
-    return GroupSignature(tuple(signature_from_key(k)
-                                for k in key[len(GROUP_PREFIX):].split("||")))
-  try:
-    op, attrs, shapes, dtypes = key.split("|")
-    in_shapes = tuple(() if s == "scalar" else tuple(int(d) for d in s.split("x"))
-                      for s in shapes.split(";")) if shapes else ()
-    return OpSignature(op, tuple(int(a) for a in attrs.split(",")), in_shapes,
-                       tuple(dtypes.split(";")) if dtypes else ())
-  except ValueError:
-    raise ProfileError(f"malformed profile key {key!r}") from None

@@ -29,6 +29,7 @@ import numpy as np
 from xrlflow_jax import cost, executor, measure, search, workflow
 from xrlflow_jax import graph as G
 from xrlflow_jax.agents.training import TrainedPolicy
+from xrlflow_jax.configs import ppo as ppo_configs
 from xrlflow_jax.graph import Graph, ParamStore
 from xrlflow_jax.harness import env_benchmark
 from xrlflow_jax.search import guard
@@ -40,7 +41,7 @@ Log = Callable[[str], None]
 
 
 # ----------------------------------------------------------------------------------------------
-# Rules and environment throughput
+# Rules, PPO config and environment throughput
 # ----------------------------------------------------------------------------------------------
 
 # The method label of another optimiser's graph timed beside ours (`against_outcome`).
@@ -50,6 +51,19 @@ AGAINST_PREFIX = "against:"
 def make_ruleset(names: Sequence[str], max_locations: int = 16):
   """A RuleSet of built-in rules by name (("all",) for every one): `workflow.ruleset`."""
   return workflow.ruleset(list(names), int(max_locations))
+
+
+def ppo_config(name: str, *, quick: bool, timesteps: int, horizon: int, seed: int) -> Any:
+  """The PPO config of a benchmark run: `configs.ppo.get_config(name)` ("" the zoo default), or
+  under `quick` the `test` config at 4 envs x 4 steps, one minibatch and one epoch; trained for
+  `timesteps` environment steps in all, episodes of `horizon` steps, seeded with `seed`."""
+  c = ppo_configs.get_config("test" if quick else name)
+  if quick:
+    c.ppo.num_envs, c.ppo.num_steps, c.ppo.num_minibatches, c.ppo.update_epochs = 4, 4, 1, 1
+  c.ppo.total_timesteps = int(timesteps)
+  c.env.horizon = int(horizon)
+  c.seed = seed
+  return c
 
 
 def env_steps_per_second(graph: Graph, ruleset, coeffs: cost.CostCoefficients, *,

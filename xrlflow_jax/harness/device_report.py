@@ -31,7 +31,7 @@ from xrlflow_jax import cost, optimize, workflow
 from xrlflow_jax import graph as G
 from xrlflow_jax.agents import runs
 from xrlflow_jax.configs import ppo as ppo_configs
-from xrlflow_jax.cost import model as cost_model
+from xrlflow_jax.cost import coefficient_files
 from xrlflow_jax.harness import cost_validation, env_benchmark, machine
 from xrlflow_jax.optimize import checks
 
@@ -64,8 +64,8 @@ def _device() -> dict[str, Any]:
 def _calibration(log: Log, out: dict[str, Any]) -> dict[str, Any]:
   """The cost model's source for this device; its coefficients go into `out["coeffs"]`."""
   kind = jax.devices()[0].device_kind
-  shipped = cost_model.coefficients_path(kind).is_file()
-  cached = cost_model.calibrated_path(kind).is_file()
+  shipped = coefficient_files.coefficients_path(kind).is_file()
+  cached = coefficient_files.calibrated_path(kind).is_file()
   t = time.perf_counter()
   coeffs = out["coeffs"] = cost.coefficients(log=log)
   source = "shipped" if shipped else "cached calibration" if cached else "calibrated now"

@@ -37,7 +37,7 @@ import numpy as np
 
 from xrlflow_jax.agents import networks
 from xrlflow_jax.agents.distributions import MaskedCategorical
-from xrlflow_jax.agents.networks import MLP, Agent, EncoderInputs
+from xrlflow_jax.agents.networks import Agent, EncoderInputs
 from xrlflow_jax.agents.ppo import Trainer, Transition
 from xrlflow_jax.env import VmapWrapper
 
@@ -50,18 +50,13 @@ PARTS = ("env step", "auto-reset env step", "node costs", "agent inputs", "encod
 # The per-edge reference formulation (for tests and side-by-side timing)
 # ----------------------------------------------------------------------------------------------
 
-class PerEdgeGATLayer(nn.Module):
+class PerEdgeGATLayer(networks.GATLayer):
   """`networks.GATLayer` written per edge, the `before` variant's encoder: every edge's key and
   value are built from gathered node, tensor and slot projections (about thirteen [N * K, H]
   gathers per layer) and the backward direction keeps the sender's tensor term in keys and
-  values. Same parameters (names and shapes) and, up to float rounding, the same outputs as
-  `networks.GATLayer`.
-
-  Attributes:
-    hidden: H (divisible by `heads`); heads: attention heads.
+  values. Same attributes, parameters (names and shapes) and, up to float rounding, the same
+  outputs as `networks.GATLayer`.
   """
-  hidden: int
-  heads: int
 
   @nn.compact
   def __call__(self, h: jax.Array, g: jax.Array, t: jax.Array, slot: jax.Array,
@@ -93,13 +88,7 @@ class PerEdgeGATLayer(nn.Module):
     q, key, val = project("bwd", x.receivers)
     logits = jnp.sum(pad(q)[x.senders].reshape(-1, self.heads, d) * key, -1) / math.sqrt(d)
     bwd = networks.segment_softmax_sum(logits, val, x.edge_valid, x.senders, n).reshape(n, hid)
-    g_new = g + MLP((hid, hid), name="global")(
-        jnp.concatenate([g, networks._masked_mean(h, x.alive)]))  # pylint: disable=protected-access
-    g_new = nn.LayerNorm(name="global_norm")(g_new)
-    upd = MLP((2 * hid, hid), name="update")(
-        jnp.concatenate([h, fwd, bwd, jnp.broadcast_to(g_new, (n, hid))], -1))
-    h = nn.LayerNorm(name="norm")(h + upd)
-    return jnp.where(x.alive[:, None], h, 0.0), g_new
+    return networks.gat_update(h, g, fwd, bwd, x.alive)
 
 
 class RecomputingAgent(Agent):

@@ -4,10 +4,10 @@
     report = optimize_model("../shared/models/squeezenet1_1.onnx", method="ppo")
     print(report.table())
 
-Pipeline (`optimize_model`):
+Pipeline (`optimize_model`, its settings one frozen `OptimizeOptions`):
 
-  0. check      every argument (`check_request`) and, once loaded, memory (`check_memory`):
-                one clear error before any work.
+  0. check      every setting (`OptimizeOptions.checked`, `check_request`) and, once loaded,
+                memory (`check_memory`): one clear error before any work.
   1. load       a zoo model or an ONNX file (`workflow.load`; graph-only files get seeded random
                 weights, which the report says), at `workflow.fitted_capacity`.
   2. search     "greedy" | "taso" | "beam" | "random": `search.optimize` on the cost model;
@@ -17,17 +17,20 @@ Pipeline (`optimize_model`):
                 policy's and the best one training itself met is kept, either with its
                 recorded rewrite sequence (training records the episode's rewrites; they are
                 replayed and checked before the graph is kept).
-  3. check      both graphs run on the same random inputs; every output must agree
-                (max |a - b| / (1 + |a|) <= tolerance) or `NumericsError` is raised and nothing
-                is written.
-  4. measure    both graphs compiled by XLA and timed side by side (interleaved rounds):
-                median and IQR.
-  5. write      into the output directory: optimized.onnx (ONNX inputs), rewrites.json,
-                report.json, best_graph.txt, graph.png (when matplotlib or graphviz is present).
+  3. guard      the search's measured guard (`search.guard.measured_guard`): the input, the
+                result, its checkpoint prefixes (and an `against` file) compiled by XLA and
+                timed side by side with an identical copy of the input (interleaved rounds:
+                median and IQR); the result is returned only when measured significantly
+                faster. The timed executables run on the same random inputs: every output of
+                every rewritten graph must agree with the input's (max |a - b| / (1 + |a|) <=
+                tolerance) or `NumericsError` is raised and nothing is written.
+  4. write      into the output directory: optimized.onnx (ONNX inputs), rewrites.json,
+                best_graph.txt, graph.png (when matplotlib or graphviz is present), and last
+                report.json.
 
-Modules: `checks` (every argument refused up front), `methods` (the searches and the PPO run),
-`report` (OptimizeReport and the output files), `pipeline` (`optimize_model`). Their public
-names are re-exported here.
+Modules: `options` (OptimizeOptions), `checks` (every setting refused up front), `methods`
+(the searches and the PPO run), `report` (OptimizeReport and the output files), `pipeline`
+(`optimize_model`). Their public names are re-exported here.
 """
 
 from xrlflow_jax.measure import (DEFAULT_TOLERANCE, NumericsCheck, NumericsError,
@@ -36,21 +39,21 @@ from xrlflow_jax.optimize.checks import (MEMORY_SHARE, METHODS, OptimizeError, c
                                          check_output_dir, check_request, check_shape,
                                          device_memory_bytes, memory_need, parse_input_shape,
                                          parse_input_shapes)
-from xrlflow_jax.optimize.methods import (BUDGET_OPTION, Found, default_ppo_rules, ppo_config,
+from xrlflow_jax.optimize.methods import (BUDGET_OPTION, default_ppo_rules, ppo_config,
                                           rules_match, ruleset_for_replay, run_ppo, run_search,
-                                          training_rewrites)
-from xrlflow_jax.optimize.pipeline import (DEFAULT_LOOKS, DEFAULT_MODEL, load_source,
-                                           measured_guard, optimize_model)
+                                          search_details, training_rewrites)
+from xrlflow_jax.optimize.options import DEFAULT_LOOKS, OptimizeOptions
+from xrlflow_jax.optimize.pipeline import DEFAULT_MODEL, load_source, optimize_model
 from xrlflow_jax.optimize.report import OptimizeReport, default_output_dir, write_outputs
 from xrlflow_jax.workflow import SIZES, Loaded, fit_capacity
 
 __all__ = [
-    "BUDGET_OPTION", "DEFAULT_LOOKS", "DEFAULT_MODEL", "DEFAULT_TOLERANCE", "Found", "Loaded",
-    "MEMORY_SHARE",
-    "METHODS", "NumericsCheck", "NumericsError", "OptimizeError", "OptimizeReport", "SIZES",
+    "BUDGET_OPTION", "DEFAULT_LOOKS", "DEFAULT_MODEL", "DEFAULT_TOLERANCE", "Loaded",
+    "MEMORY_SHARE", "METHODS", "NumericsCheck", "NumericsError", "OptimizeError",
+    "OptimizeOptions", "OptimizeReport", "SIZES",
     "check_memory", "check_numerics", "check_output_dir", "check_request", "check_shape",
     "default_output_dir", "default_ppo_rules", "device_memory_bytes", "fit_capacity",
-    "load_source", "measured_guard", "memory_need", "optimize_model", "parse_input_shape",
+    "load_source", "memory_need", "optimize_model", "parse_input_shape",
     "parse_input_shapes", "ppo_config", "rules_match", "ruleset_for_replay", "run_ppo",
-    "run_search", "training_rewrites", "write_outputs",
+    "run_search", "search_details", "training_rewrites", "write_outputs",
 ]

@@ -1,10 +1,10 @@
 """The optimise job's searches: a baseline search driver, or a short PPO run followed by the
-trained policy as a search driver; each returns a `Found` (graph, modelled cost, replayable
-rewrites)."""
+trained policy as a search driver; each returns the `search.SearchResult` of its modelled
+guard (graph, modelled cost, replayable rewrites, the prefixes the measured guard is to time)
+with the job's details."""
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from typing import Any, Callable, Mapping, Sequence
 
@@ -20,54 +20,35 @@ from xrlflow_jax.optimize.checks import OptimizeError
 from xrlflow_jax.rules.library import builtin_rules
 from xrlflow_jax.search import guard as guard_lib
 from xrlflow_jax.measure.guard import DEFAULT_CHECKPOINTS
-from xrlflow_jax.search.guard import Checkpoint
 from xrlflow_jax.workflow import Loaded
 
 # What `budget` means for each search method (the option of `search.optimize` it sets).
 BUDGET_OPTION = {"greedy": "max_steps", "taso": "budget", "beam": "steps", "random": "steps"}
 
 
-@dataclasses.dataclass
-class Found:
-  """A search's outcome in the form the report needs.
-
-  Attributes:
-    graph: the best graph; cost_ms: its modelled cost; initial_cost_ms: the input's.
-    rewrites: JSON-ready steps that replay onto the input (`search.replay`), or None when
-      unknown (no component of the job returns such a graph).
-    found_by: "greedy", ..., "policy" or "training".
-    details: extra figures for report.json.
-  """
-  graph: layout.Graph
-  cost_ms: float
-  initial_cost_ms: float
-  rewrites: list[dict[str, Any]] | None
-  found_by: str
-  details: dict[str, Any]
-  checkpoints: list[Checkpoint] = dataclasses.field(default_factory=list)
+# What the job says of a search beside its own figures (`search_details`).
+_SEARCH_FIELDS = ("seconds", "graphs_expanded", "candidates_costed", "returned_input",
+                  "found_cost_ms", "found_rewrites", "options")
 
 
-def _found_from_result(result: Any, found_by: str) -> Found:
-  """A `search.SearchResult` as a Found."""
+def search_details(result: search.SearchResult) -> dict[str, Any]:
+  """The search's own figures for report.json (a subset of `SearchResult.to_json`)."""
   data = result.to_json()
-  details = {k: data[k] for k in ("seconds", "graphs_expanded", "candidates_costed",
-                                  "returned_input", "found_cost_ms", "found_rewrites",
-                                  "options") if k in data}
-  return Found(layout.to_host(result.best_graph), float(result.best_cost_ms),
-               float(result.initial_cost_ms), [r.to_json() for r in result.rewrites],
-               found_by, details)
+  return {k: data[k] for k in _SEARCH_FIELDS}
 
 
 def run_search(loaded: Loaded, method: str, coeffs: cost.CostCoefficients, *, seed: int = 0,
                rules: Sequence[str] | None = None, max_locations: int = 16,
                options: Mapping[str, Any] | None = None,
                kernels: cost.KernelTimes | None = None,
-               checkpoints: int = DEFAULT_CHECKPOINTS) -> Found:
+               checkpoints: int = DEFAULT_CHECKPOINTS
+               ) -> tuple[search.SearchResult, dict[str, Any]]:
   """A baseline search ("greedy", "taso", "beam", "random") on the cost model (with `kernels`,
   its measured kernel table), over the rules of the selection `rules` (default: every built-in
   rule) that can fire on the graph: rules whose source ops cannot occur are not compiled
-  (`rules.rules_that_can_fire`). The Found carries up to `checkpoints` prefixes of its path
-  (`search.guard.checkpoint_lengths`) for the measured guard."""
+  (`rules.rules_that_can_fire`). Returns (the result of its modelled guard, carrying up to
+  `checkpoints` prefixes of its path for the measured guard, `search.guard.checkpoint_lengths`;
+  the job's details: the rules and their selection)."""
   if rules:
     selected = _ruleset(rules, max_locations)
     ruleset = workflow.that_can_fire(selected, [loaded.graph])
@@ -77,14 +58,14 @@ def run_search(loaded: Loaded, method: str, coeffs: cost.CostCoefficients, *, se
     kept = f"{len(ruleset)} of {len(builtin_rules())} built-in rules can fire on this graph"
   result = search.optimize(loaded.graph, loaded.params, method, ruleset, coeffs, measure=False,
                            seed=seed, kernels=kernels, **dict(options or {}))
-  found = _found_from_result(result, method)
-  found.details.update(_ruleset_details(ruleset, rules or (), default=search.is_default(ruleset)))
-  found.details["rules_kept"] = kept
+  details = {**search_details(result),
+             **_ruleset_details(ruleset, rules or (), default=search.is_default(ruleset)),
+             "rules_kept": kept}
   if checkpoints and not result.returned_input:
-    found.checkpoints = guard_lib.checkpoint_prefixes(
+    result.checkpoints = guard_lib.checkpoint_prefixes(
         search.get_expander(ruleset, coeffs, kernels), loaded.graph, list(result.rewrites),
         result.initial_cost_ms, checkpoints)
-  return found
+  return result, details
 
 
 def _ruleset_details(ruleset: Any, selection: Sequence[str] = (), default: bool = False
@@ -150,13 +131,15 @@ def run_ppo(loaded: Loaded, coeffs: cost.CostCoefficients, *, budget: int | None
             options: Mapping[str, Any] | None = None,
             kernels: cost.KernelTimes | None = None,
             checkpoints: int = DEFAULT_CHECKPOINTS,
-            log: Callable[[str], None] = print) -> Found:
+            log: Callable[[str], None] = print
+            ) -> tuple[search.SearchResult, dict[str, Any]]:
   """Short PPO training (`agents.training.train_ppo`; with `kernels`, its environment costs
   with the measured kernel table, as the searches do), then the policy as a search driver; the
   better graph by modelled cost of the policy's result and the best graph training met (ties go
   to the policy, whose rewrite sequence is known), both costed by the search's model (with
-  `kernels`, measuring what training's table lacked). The Found carries up to `checkpoints`
-  prefixes of its path for the measured guard, as `run_search`'s."""
+  `kernels`, measuring what training's table lacked). Returns (the result, method "policy" or
+  "training", carrying up to `checkpoints` prefixes of its path for the measured guard; the
+  job's details: training's figures and the policy's search), as `run_search`'s."""
   started = time.perf_counter()
   config = ppo_config(budget, seed, rules)
   if not rules:
@@ -184,26 +167,26 @@ def run_ppo(loaded: Loaded, coeffs: cost.CostCoefficients, *, budget: int | None
                              **_ruleset_details(ruleset, config.env.rules)}
   policy = search.optimize(loaded.graph, loaded.params, "policy", expander=expander, seed=seed,
                            measure=False, **_policy_options(trained, options))
-  found = _found_from_result(policy, "policy")
-  log(f"  policy: modelled cost {found.initial_cost_ms:.4f} -> {found.cost_ms:.4f} ms with "
-      f"{len(found.rewrites or [])} rewrites; training's best {train_cost:.4f} ms")
-  details.update({"policy_cost_ms": found.cost_ms, "policy": found.details})
-  path = list(policy.rewrites)
-  if train_cost < found.cost_ms * (1.0 - 1e-6):
+  found = policy
+  log(f"  policy: modelled cost {found.initial_cost_ms:.4f} -> {found.best_cost_ms:.4f} ms with "
+      f"{len(found.rewrites)} rewrites; training's best {train_cost:.4f} ms")
+  details.update({"policy_cost_ms": found.best_cost_ms, "policy": search_details(found)})
+  if train_cost < found.best_cost_ms * (1.0 - 1e-6):
     steps = training_rewrites(loaded.graph, ruleset, state, train_graph)
     if steps is None:  # cannot happen unless replay and the environment disagree: say so
       details["training_replay"] = "mismatch: the policy's graph is returned instead"
       log("  training's best graph does not replay from its recorded rewrites; the policy's "
           "graph is returned")
     else:
-      found = Found(train_graph, train_cost, found.initial_cost_ms, steps, "training", {})
-      details["training_rewrites"] = len(steps)
       path = [search.RewriteStep.from_json(s) for s in steps]
-  found.details = details
-  if checkpoints and path and found.cost_ms < found.initial_cost_ms:
-    found.checkpoints = guard_lib.checkpoint_prefixes(expander, loaded.graph, path,
+      found = search.SearchResult(
+          "training", found.input_graph, train_graph, path, found.initial_cost_ms, train_cost,
+          found_cost_ms=train_cost, found_rewrites=len(path))
+      details["training_rewrites"] = len(steps)
+  if checkpoints and found.rewrites and found.best_cost_ms < found.initial_cost_ms:
+    found.checkpoints = guard_lib.checkpoint_prefixes(expander, loaded.graph, found.rewrites,
                                                       found.initial_cost_ms, checkpoints)
-  return found
+  return found, details
 
 
 def training_rewrites(graph: layout.Graph, ruleset: Any, state: Any,

@@ -9,16 +9,17 @@ import math
 import os
 import shutil
 import tempfile
+import time
 from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
 
-from xrlflow_jax import onnx_io, visualize
-from xrlflow_jax.measure import LatencyStats
 from xrlflow_jax import graph as G
+from xrlflow_jax import onnx_io, visualize
 from xrlflow_jax.graph import layout
-from xrlflow_jax.measure import NumericsCheck, Speedup
+from xrlflow_jax.measure import LatencyStats, NumericsCheck, Speedup
+from xrlflow_jax.search import SearchResult
 from xrlflow_jax.workflow import Loaded
 
 
@@ -27,51 +28,101 @@ class OptimizeReport:
   """What `optimize_model` did and found (see `to_json` for report.json).
 
   Attributes:
-    source, label, kind ("zoo" | "onnx"), method, found_by ("policy" | "training" | method).
+    source, label, kind ("zoo" | "onnx"), method.
     random_weights: initializers given seeded random values (graph-only ONNX files).
-    nodes_before, nodes_after: alive nodes; cost_before_ms, cost_after_ms: modelled cost.
-    latency_before, latency_after: XLA latency measured side by side, or None.
-    measured: the speedup verdict of the graph returned (`measure.Speedup`; "unchanged" when
-      the input is returned), or None when not measured.
-    numerics: the output comparison; rewrites: the replayable steps (None: not recorded).
+    result: the search's result after the guards (`search.SearchResult`: the graph returned,
+      its modelled cost, rewrites and measured latency; `result.guard` the measured guard's
+      decision, `result.comparison` what it timed; `result.method` says what found it,
+      "policy" or "training" for "ppo").
+    numerics: the output comparison of the graph returned (of the rejected one when the input
+      is returned).
+    seconds: {stage: wall seconds}.
+    params: the weights of both graphs (not in report.json).
     precision: the numerics policy both graphs were compiled with (`ops.precision`).
-    hash_before, hash_after: structural hashes; seconds: {stage: wall seconds}.
-    output_dir: where files were written ("" when none); files: {kind: path}.
-    details: the search's own figures.
+    details: the job's figures: the search's, the rules, the cost model, the guard's
+      checkpoints.
     against: the graph of `optimize_model(against=...)` (e.g. TASO's output for the same
       model), timed in the same rounds: {"file", "nodes", "random_weights", "latency",
       "vs_input" (its Speedup over the input), "returned_vs_it" (the returned graph's Speedup
       over it), "numerics" (its outputs against the input's; None when either file has no
       weight data), "note"}; None when not asked for.
-    input_graph, graph, params: the loaded graph, the optimised one and their weights (not in
-      report.json).
+    output_dir: where files were written ("" when none); files: {kind: path}.
   """
   source: str
   label: str
   kind: str
   method: str
-  found_by: str
   random_weights: int
-  nodes_before: int
-  nodes_after: int
-  cost_before_ms: float
-  cost_after_ms: float
-  latency_before: LatencyStats | None
-  latency_after: LatencyStats | None
+  result: SearchResult = dataclasses.field(repr=False)
   numerics: NumericsCheck
-  rewrites: list[dict[str, Any]] | None
-  hash_before: str
-  hash_after: str
   seconds: dict[str, float]
-  output_dir: str = ""
-  files: dict[str, str] = dataclasses.field(default_factory=dict)
+  params: Any = dataclasses.field(default=None, repr=False)
+  precision: str = "highest"
   details: dict[str, Any] = dataclasses.field(default_factory=dict)
   against: dict[str, Any] | None = None
-  input_graph: Any = dataclasses.field(default=None, repr=False)
-  graph: Any = dataclasses.field(default=None, repr=False)
-  params: Any = dataclasses.field(default=None, repr=False)
-  measured: Speedup | None = None
-  precision: str = "highest"
+  output_dir: str = ""
+  files: dict[str, str] = dataclasses.field(default_factory=dict)
+
+  @property
+  def found_by(self) -> str:
+    """"greedy", ... (the method), or for "ppo", "policy" or "training"."""
+    return self.result.method
+
+  @property
+  def input_graph(self) -> layout.Graph:
+    return self.result.input_graph
+
+  @property
+  def graph(self) -> layout.Graph:
+    """The graph returned."""
+    return self.result.best_graph
+
+  @property
+  def nodes_before(self) -> int:
+    return G.num_nodes(self.input_graph)
+
+  @property
+  def nodes_after(self) -> int:
+    return G.num_nodes(self.graph)
+
+  @property
+  def cost_before_ms(self) -> float:
+    return float(self.result.initial_cost_ms)
+
+  @property
+  def cost_after_ms(self) -> float:
+    return float(self.result.best_cost_ms)
+
+  @property
+  def latency_before(self) -> LatencyStats | None:
+    return self.result.input_latency
+
+  @property
+  def latency_after(self) -> LatencyStats | None:
+    return self.result.best_latency
+
+  @property
+  def hash_before(self) -> str:
+    return G.structural_hash(self.input_graph)
+
+  @property
+  def hash_after(self) -> str:
+    return G.structural_hash(self.graph)
+
+  @property
+  def rewrites(self) -> list[dict[str, Any]]:
+    """The replayable steps from the input to the graph returned (`search.replay`)."""
+    return [r.to_json() for r in self.result.rewrites]
+
+  @property
+  def measured(self) -> Speedup | None:
+    """The measured verdict of the graph returned ("unchanged" when the input is returned),
+    or None when not measured."""
+    if self.result.input_latency is None:
+      return None
+    if self.result.guard is not None:
+      return self.result.guard.speedup
+    return self.result.measured or Speedup.unchanged()
 
   @property
   def modelled_speedup(self) -> float:
@@ -100,7 +151,7 @@ class OptimizeReport:
         "measured": None if self.measured is None else self.measured.to_json(),
         "latency_before": lat(self.latency_before), "latency_after": lat(self.latency_after),
         "numerics": dataclasses.asdict(self.numerics), "precision": self.precision,
-        "num_rewrites": None if self.rewrites is None else len(self.rewrites),
+        "num_rewrites": len(self.rewrites),
         "hash_before": self.hash_before, "hash_after": self.hash_after,
         "seconds": self.seconds, "output_dir": self.output_dir, "files": self.files,
         "details": _jsonable(self.details),
@@ -129,19 +180,20 @@ class OptimizeReport:
     lines = [f"{a:<{w0}}  {b:>{w1}}  {c}" for a, b, c in rows]
     device = (f" on {self.latency_after.device_kind} ({self.latency_after.backend})"
               if self.latency_after else "")
-    nrw = "unrecorded" if self.rewrites is None else str(len(self.rewrites))
-    returned = (": no rewrite lowered the modelled cost, the input is returned"
-                if self.details.get("returned_input") else "")
-    if "measured_guard" in self.details:
-      g = self.details["measured_guard"]
-      returned = (f": the {g['rejected_found_by']} graph ({g['rejected_rewrites']} rewrites, "
-                  f"modelled {g['rejected_cost_ms']:.4f} ms) measured "
-                  f"{g['rejected_latency_median_ms']:.4f} ms, speedup {g['rejected_speedup']}, "
-                  "not significantly faster than the input: the input is returned")
-    elif "checkpoint" in self.details:
-      cp = self.details["checkpoint"]
-      returned = (f": the first {cp['rewrites']} of {cp['of']} found (all {cp['of']} measured "
-                  f"{cp['rejected_speedup']})")
+    nrw = str(len(self.rewrites))
+    returned = ""
+    decision, r = self.result.guard, self.result
+    if decision is not None and decision.kept == "input":
+      returned = (f": the {r.method} graph ({r.found_rewrites} rewrites, modelled "
+                  f"{r.found_cost_ms:.4f} ms) measured "
+                  f"{r.comparison.candidates[0].median_ms:.4f} ms, speedup "
+                  f"{decision.path_speedup.describe()}, not significantly faster than the "
+                  "input: the input is returned")
+    elif decision is not None and decision.kept == "checkpoint":
+      returned = (f": the first {decision.rewrites} of {decision.of} found (all {decision.of} "
+                  f"measured {decision.path_speedup.describe()})")
+    elif r.returned_input:
+      returned = ": no rewrite lowered the modelled cost, the input is returned"
     lines += [
         f"speedup: modelled x{self.modelled_speedup:.3f}, measured "
         + ("not measured" if self.measured is None else
@@ -177,27 +229,37 @@ def _jsonable(v: Any) -> Any:
   return repr(v)
 
 
-def write_outputs(report: OptimizeReport, loaded: Loaded, best: layout.Graph, out_dir: Path, *,
+def write_outputs(report: OptimizeReport, loaded: Loaded, out_dir: Path, *,
                   picture: bool = True, log: Callable[[str], None] = print) -> dict[str, str]:
   """Writes the files into a fresh folder beside `out_dir`, then moves it into place, so a
-  failure (an ONNX export error) leaves no partial output. Returns {kind: path}."""
+  failure (an ONNX export error) leaves no partial output. report.json is written last, once,
+  with the final times (`seconds["write"]`, `seconds["total"]`). Sets `report.files` and
+  `report.output_dir`; returns {kind: path}."""
+  started = time.perf_counter()
   out_dir = Path(out_dir)
   out_dir.parent.mkdir(parents=True, exist_ok=True)
   tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}-", dir=out_dir.parent))
   try:
-    files = _write_files(report, loaded, best, tmp, picture, log)
+    files = _write_files(report, loaded, tmp, picture, log)
+    files["report"] = "report.json"
+    report.output_dir = str(out_dir)
+    report.files = {k: str(out_dir / v) for k, v in files.items()}
+    report.seconds["write"] = time.perf_counter() - started
+    report.seconds["total"] = sum(v for k, v in report.seconds.items() if k != "total")
+    (tmp / "report.json").write_text(json.dumps(report.to_json(), indent=2) + "\n")
     out_dir.mkdir(parents=True, exist_ok=True)
     for name in os.listdir(tmp):
       os.replace(tmp / name, out_dir / name)
   finally:
     shutil.rmtree(tmp, ignore_errors=True)
-  return {k: str(out_dir / v) for k, v in files.items()}
+  return report.files
 
 
-def _write_files(report: OptimizeReport, loaded: Loaded, best: layout.Graph, folder: Path,
-                 picture: bool, log: Callable[[str], None]) -> dict[str, str]:
-  """Writes every output into `folder`; returns {kind: file name}."""
+def _write_files(report: OptimizeReport, loaded: Loaded, folder: Path, picture: bool,
+                 log: Callable[[str], None]) -> dict[str, str]:
+  """Writes every output but report.json into `folder`; returns {kind: file name}."""
   files: dict[str, str] = {}
+  best = report.graph
   if loaded.kind == "onnx":
     onnx_io.save(best, loaded.params, folder / "optimized.onnx")
     files["onnx"] = "optimized.onnx"
@@ -207,7 +269,7 @@ def _write_files(report: OptimizeReport, loaded: Loaded, best: layout.Graph, fol
        "max_locations": report.details.get("max_locations"),
        "taso_file": report.details.get("taso_file"), "hash_before": report.hash_before,
        "hash_after": report.hash_after, "capacity": G.capacity(loaded.graph),
-       "recorded": report.rewrites is not None, "rewrites": report.rewrites or []},
+       "rewrites": report.rewrites},
       indent=2) + "\n")
   files["rewrites"] = "rewrites.json"
   (folder / "best_graph.txt").write_text(G.dump(best) + "\n")
@@ -219,9 +281,6 @@ def _write_files(report: OptimizeReport, loaded: Loaded, best: layout.Graph, fol
       log("graph picture: skipped (neither graphviz's dot nor matplotlib is installed)")
     else:
       files["picture"] = "graph.png"
-  report.files = {k: str(v) for k, v in files.items()}
-  (folder / "report.json").write_text(json.dumps(report.to_json(), indent=2) + "\n")
-  files["report"] = "report.json"
   return files
 
 

@@ -46,14 +46,15 @@ control) and the fastest of them measured significantly faster is returned, else
 with measure=False the input is returned unless the best's modelled cost is lower.
 """
 
-from xrlflow_jax.search.result import (BASELINES, JOB_METHODS, METHODS, RewriteStep, SearchError,
-                                       SearchResult)
+from xrlflow_jax.search.result import (BASELINES, JOB_METHODS, METHODS, Checkpoint, RewriteStep,
+                                       SearchError, SearchResult)
 from xrlflow_jax.search import expand
 from xrlflow_jax.search.expand import (Children, Expander, Expansion, bucket_size, check_graph,
                                       replay)
-from xrlflow_jax.search.guard import finish
+from xrlflow_jax.search.guard import finish, measured_guard
+from xrlflow_jax.search.progress import Progress
 from xrlflow_jax.search.greedy import greedy
-from xrlflow_jax.search.backtracking import taso
+from xrlflow_jax.search.taso_style import taso
 from xrlflow_jax.search.beam import beam
 from xrlflow_jax.search.random_search import random_search
 from xrlflow_jax.search.policy import network_params_of as policy_params
@@ -62,7 +63,7 @@ from xrlflow_jax.search.api import default_ruleset, get_expander, is_default, op
 from xrlflow_jax.search.kernel_fill import DEFAULT_KERNEL_BUDGET, fill_kernel_table
 
 __all__ = [
-    "BASELINES", "DEFAULT_KERNEL_BUDGET", "JOB_METHODS", "METHODS", "Children", "Expander", "Expansion", "bucket_size", "RewriteStep", "SearchError", "SearchResult", "beam",
+    "BASELINES", "DEFAULT_KERNEL_BUDGET", "JOB_METHODS", "METHODS", "Checkpoint", "Children", "Expander", "Expansion", "bucket_size", "RewriteStep", "SearchError", "SearchResult", "beam",
     "check_graph", "default_ruleset", "fill_kernel_table", "finish", "get_expander", "greedy", "init_network", "is_default",
-    "optimize", "policy", "policy_params", "random_search", "replay", "taso",
+    "measured_guard", "optimize", "policy", "Progress", "policy_params", "random_search", "replay", "taso",
 ]

@@ -17,7 +17,7 @@ from xrlflow_jax.rules.compile import DEFAULT_MAX_LOCATIONS
 from xrlflow_jax.rules.library import builtin_rules
 from xrlflow_jax.rules.ruleset import RuleSet, graph_op_codes, rules_that_can_fire
 from xrlflow_jax.search.cache import IdentityCache
-from xrlflow_jax.search.backtracking import taso
+from xrlflow_jax.search.taso_style import taso
 from xrlflow_jax.search.beam import beam
 from xrlflow_jax.search.expand import Expander
 from xrlflow_jax.search.greedy import greedy

@@ -9,8 +9,8 @@ import numpy as np
 
 from xrlflow_jax.graph import layout
 from xrlflow_jax.graph.params import ParamStore
-from xrlflow_jax.search import guard
-from xrlflow_jax.search.expand import Expander, check_graph, improves
+from xrlflow_jax.search.expand import Expander, check_graph
+from xrlflow_jax.search.progress import Progress
 from xrlflow_jax.search.result import RewriteStep, SearchError, SearchResult
 
 
@@ -38,20 +38,19 @@ def beam(graph: layout.Graph, params: ParamStore, expander: Expander, *, beam_wi
   g0 = check_graph(graph, expander.ruleset)
   ids0 = expander.identities(g0)
   first = expander.expand(g0, ids0)
-  cost0 = float(first[0].current)
+  run = Progress("beam", expander, params, measure, measure_options, g0,
+                 float(first[0].current), started)
   seen = {expander.graph_hash(g0, ids0)}
-  frontier: list[tuple[float, Any, Any, tuple[RewriteStep, ...]]] = [(cost0, g0, ids0, ())]
-  best_g, best_cost, best_steps = g0, cost0, ()
-  expanded = costed = 0
+  frontier: list[tuple[float, Any, Any, tuple[RewriteStep, ...]]] = [(run.initial_cost, g0,
+                                                                       ids0, ())]
   num_l = expander.max_locations
   for _ in range(steps):
     pool = []  # (cost, parent index, action)
     expansions = []
     for i, (_, g, ids, _) in enumerate(frontier):
-      exp, children = first if expanded == 0 else expander.expand(g, ids)
+      exp, children = first if run.expanded == 0 else expander.expand(g, ids)
       valid, costs = np.asarray(exp.valid), np.asarray(exp.cost)
-      expanded += 1
-      costed += int(valid.sum())
+      run.counted(valid)
       expansions.append((np.asarray(exp.nodes), children))
       pool.extend((float(costs[a]), i, int(a)) for a in np.flatnonzero(valid))
     pool.sort(key=lambda t: (t[0], t[1], t[2]))
@@ -67,13 +66,8 @@ def beam(graph: layout.Graph, params: ParamStore, expander: Expander, *, beam_wi
         continue
       child = (c, made[0], made[1], parent_steps + (made[2],))
       nxt.append(child)
-      if improves(c, best_cost):
-        best_cost, best_g, best_steps = c, child[1], child[3]
+      run.offer(child[1], c, child[3])
     if not nxt:
       break
     frontier = nxt
-  return guard.finish("beam", g0, best_g, list(best_steps), params, initial_cost=cost0,
-                      best_cost=best_cost, measure=measure, started=started,
-                      graphs_expanded=expanded, candidates_costed=costed,
-                      options={"beam_width": beam_width, "steps": steps},
-                      measure_options=measure_options, expander=expander)
+  return run.finish(beam_width=beam_width, steps=steps)

@@ -9,7 +9,7 @@ import numpy as np
 
 from xrlflow_jax.graph import layout
 from xrlflow_jax.graph.params import ParamStore
-from xrlflow_jax.search import guard
+from xrlflow_jax.search.progress import Progress
 from xrlflow_jax.search.expand import Expander, check_graph, improves
 from xrlflow_jax.search.result import RewriteStep, SearchError, SearchResult
 
@@ -30,18 +30,17 @@ def greedy(graph: layout.Graph, params: ParamStore, expander: Expander, *, max_s
     raise SearchError(f"max_steps must be >= 0, got {max_steps}")
   started = time.perf_counter()
   g0 = check_graph(graph, expander.ruleset)
-  g, cost0 = g0, None
-  cost = None
+  exp = expander.costs(g0)
+  run = Progress("greedy", expander, params, measure, measure_options, g0,
+                 float(exp.current), started)
+  g, cost = g0, run.initial_cost
   steps: list[RewriteStep] = []
-  expanded = costed = 0
   num_l = expander.max_locations
-  for _ in range(max_steps):
-    exp = expander.costs(g)
+  for step in range(max_steps):
+    if step:
+      exp = expander.costs(g)
     valid, costs = np.asarray(exp.valid), np.asarray(exp.cost)
-    if cost0 is None:
-      cost0 = cost = float(exp.current)
-    expanded += 1
-    costed += int(valid.sum())
+    run.counted(valid)
     if not valid.any():
       break
     a = int(np.argmin(costs))
@@ -55,9 +54,5 @@ def greedy(graph: layout.Graph, params: ParamStore, expander: Expander, *, max_s
                         "valid but did not apply")
     steps.append(expander.step(r, loc, nodes))
     g, cost = g2, float(costs[a])
-  if cost0 is None:  # max_steps == 0
-    cost0 = cost = float(expander.costs(g0).current)
-  return guard.finish("greedy", g0, g, steps, params, initial_cost=cost0, best_cost=cost,
-                      measure=measure, started=started, graphs_expanded=expanded,
-                      candidates_costed=costed, options={"max_steps": max_steps},
-                      measure_options=measure_options, expander=expander)
+    run.offer(g, cost, steps)
+  return run.finish(max_steps=max_steps)

@@ -1,6 +1,10 @@
-"""The guard every search driver ends with: never return a graph that is not faster than the
-input. The decision itself is `measure.guard.decide`'s; this module replays and costs the
-prefixes it times and builds the SearchResult."""
+"""The guards every search ends with: never return a graph that is not faster than the input.
+
+`finish` applies the modelled guard (a path is kept only when modelled cheaper) and, with
+measure=True, `measured_guard`: the one place a measured verdict (`measure.guard.decide`)
+turns into the graph returned. The optimise job calls `measured_guard` on a search's result
+itself, to time its other graphs in the same rounds.
+"""
 
 from __future__ import annotations
 
@@ -9,27 +13,14 @@ import dataclasses
 import time
 from typing import Any, Sequence
 
-from xrlflow_jax.measure import compare
-from xrlflow_jax.measure.guard import (DEFAULT_CHECKPOINTS, checkpoint_lengths,
-                                       checkpoint_level, decide)
 from xrlflow_jax.graph import host as graph_host
 from xrlflow_jax.graph import layout
 from xrlflow_jax.graph.params import ParamStore
+from xrlflow_jax.measure import compare
+from xrlflow_jax.measure.guard import (DEFAULT_CHECKPOINTS, checkpoint_lengths,
+                                       checkpoint_level, decide)
 from xrlflow_jax.search.expand import Expander, improves, replay
-from xrlflow_jax.search.result import RewriteStep, SearchResult
-
-
-@dataclasses.dataclass(frozen=True)
-class Checkpoint:
-  """A prefix of a found path, timed beside the whole path by a measured guard.
-
-  Attributes:
-    rewrites: the prefix's length (steps of the path); graph: the graph it reaches (host
-      arrays, the input's capacity); cost_ms: its modelled cost.
-  """
-  rewrites: int
-  graph: layout.Graph
-  cost_ms: float
+from xrlflow_jax.search.result import Checkpoint, RewriteStep, SearchResult
 
 
 def finish(method: str, input_graph: layout.Graph, best_graph: layout.Graph,
@@ -38,71 +29,124 @@ def finish(method: str, input_graph: layout.Graph, best_graph: layout.Graph,
            candidates_costed: int, options: dict[str, Any] | None = None,
            measure_options: dict[str, Any] | None = None, expander: Expander | None = None,
            checkpoints: int = DEFAULT_CHECKPOINTS) -> SearchResult:
-  """Applies the guard and builds the SearchResult.
+  """Applies the guards and builds the SearchResult.
 
-  With measure=False the best graph is kept only if its modelled cost is below the input's;
-  with measure=True it must also be measured significantly faster than the input
-  (`measure.compare`: interleaved rounds with an identical copy as control, verdict
-  "faster"). Otherwise the input is returned (`returned_input=True`, no rewrites;
-  also when the search found nothing better: `found_rewrites` tells the two apart).
-  With `expander` (the search's, to replay and cost prefixes), the measured guard also times
-  up to `checkpoints` prefixes of the path (`checkpoint_lengths`, those modelled cheaper than
-  the input) in the same rounds, and returns the fastest of them and the whole path among
-  those measured significantly faster (`fastest_faster`; intervals at `checkpoint_level`);
-  `options["checkpoints"]` records each prefix's verdict, `options["checkpoint"]` the one
-  returned. The graph returned is validated against `params` (GraphValidationError if not).
+  The best graph is kept only if its modelled cost is below the input's; with measure=True it
+  must also pass `measured_guard` (timed beside the input and an identical copy, with up to
+  `checkpoints` prefixes of its path when `expander`, the search's, can replay and cost
+  them). Otherwise the input is returned (`returned_input=True`, no rewrites; also when the
+  search found nothing better: `found_rewrites` tells the two apart). The graph returned is
+  validated against `params` (GraphValidationError if not).
 
   Args:
     input_graph, best_graph: graphs of one capacity N; rewrites: steps from input to best.
     initial_cost, best_cost: modelled costs in ms; started: `time.perf_counter()` at the start.
+    measure_options: keyword options of `measure.compare`.
   """
   input_graph = layout.to_host(input_graph)
   best_graph = layout.to_host(best_graph)
   rewrites = list(rewrites)
-  found_cost, found_rewrites = float(best_cost), len(rewrites)
   keep = bool(rewrites) and improves(best_cost, initial_cost)
-  options = dict(options or {})
-  lat_in = lat_best = verdict = None
   if expander is not None:
     expander.drain()  # a search leaves nothing compiling (nor beside the timing below)
-  if measure:
-    prefixes = []
-    if keep:
-      graph_host.validate(best_graph, params)
-      if expander is not None:
-        prefixes = checkpoint_prefixes(expander, input_graph, rewrites, initial_cost, checkpoints)
-    cmp = compare(input_graph, ([best_graph] + [p.graph for p in prefixes]) if keep else [],
-                  params, **(measure_options or {}), level=checkpoint_level(len(prefixes)))
-    lat_in = cmp.reference
-    if keep:
-      decision = decide(cmp.speedups[0], len(rewrites), cmp.speedups[1:],
-                        [p.rewrites for p in prefixes])
-      if prefixes:
-        options["checkpoints"] = [{"rewrites": p.rewrites, "cost_ms": p.cost_ms,
-                                   "speedup": s.describe()}
-                                  for p, s in zip(prefixes, decision.checkpoint_speedups)]
-      if decision.kept == "checkpoint":
-        p = prefixes[decision.index - 1]
-        options["checkpoint"] = {"rewrites": p.rewrites, "of": len(rewrites),
-                                 "rejected_speedup": decision.path_speedup.describe()}
-        best_graph, best_cost, rewrites = p.graph, p.cost_ms, rewrites[:p.rewrites]
-      keep = decision.kept != "input"
-      # The verdict reported is the kept graph's, or the rejected path's.
-      verdict = decision.speedup if keep else decision.path_speedup
-      if keep:
-        lat_best = cmp.candidates[decision.index]
-  if not keep:
-    best_graph, rewrites, best_cost = input_graph, [], float(initial_cost)
-    if lat_in is not None:
-      lat_best = lat_in
-  graph_host.validate(best_graph, params)
-  return SearchResult(
-      method=method, input_graph=input_graph, best_graph=best_graph, rewrites=rewrites,
-      initial_cost_ms=float(initial_cost), best_cost_ms=float(best_cost), input_latency=lat_in,
-      best_latency=lat_best, seconds=time.perf_counter() - started,
+  if keep:
+    graph_host.validate(best_graph, params)
+  result = SearchResult(
+      method=method, input_graph=input_graph, best_graph=best_graph if keep else input_graph,
+      rewrites=rewrites if keep else [], initial_cost_ms=float(initial_cost),
+      best_cost_ms=float(best_cost if keep else initial_cost),
       graphs_expanded=int(graphs_expanded), candidates_costed=int(candidates_costed),
-      returned_input=not keep, found_cost_ms=found_cost, measured=verdict,
-      found_rewrites=found_rewrites, options=options)
+      returned_input=not keep, found_cost_ms=float(best_cost), found_rewrites=len(rewrites),
+      options=dict(options or {}))
+  if measure:
+    if keep and expander is not None:
+      result.checkpoints = checkpoint_prefixes(expander, input_graph, rewrites,
+                                               float(initial_cost), checkpoints)
+    result = measured_guard(result, params, **(measure_options or {}))
+  graph_host.validate(result.best_graph, params)
+  result.seconds = time.perf_counter() - started
+  return result
+
+
+def measured_guard(found: SearchResult, params: ParamStore, *,
+                   others: Sequence[tuple[layout.Graph, ParamStore | None]] = (),
+                   keep_slower: bool = False, **compare_options: Any) -> SearchResult:
+  """The measured guard on a search's result: what it returns is what was timed faster.
+
+  `measure.compare` times the input against [the found graph, *others, *found.checkpoints]
+  (interleaved rounds, an identical copy of the input as control, every verdict at
+  `checkpoint_level(len(found.checkpoints))`), and `measure.guard.decide` keeps the fastest
+  of the whole path and its prefixes among those measured significantly faster (the whole
+  path on a tie, or when it is the input unchanged), else the input.
+
+  Args:
+    found: a result of the modelled guard (`finish` with measure=False, or the optimise job's
+      choice among training's and the policy's graphs); its `checkpoints` are the prefixes
+      timed (dropped when the input was returned).
+    params: the input's weights.
+    others: graphs timed in the same rounds but never returned (another optimiser's output),
+      each with its own weights (None: `params`); candidates 1..len(others) of the comparison.
+    keep_slower: time everything, but keep the whole path whatever it measured (no decision:
+      `guard` None, no prefixes timed).
+    **compare_options: `measure.compare`'s (rounds, looks, repeats_per_round, min_round_ms,
+      seed, tolerance, precision, ...).
+  Returns:
+    `found` with the graph kept, its rewrites, modelled cost and latency, `input_latency`,
+    `measured` (the kept graph's verdict, or the rejected path's), `guard` (the decision; None
+    when the input came in unchanged, then nothing is decided), `comparison`, and in
+    `options`: "checkpoints" (each prefix's figures), "checkpoint" (the prefix returned) or
+    "measured_guard" (the path rejected).
+  """
+  prefixes = [] if found.returned_input or keep_slower else list(found.checkpoints)
+  cmp = compare(found.input_graph,
+                [found.best_graph, *(g for g, _ in others), *(p.graph for p in prefixes)],
+                params, candidate_params=[None, *(p for _, p in others), *[None] * len(prefixes)],
+                level=checkpoint_level(len(prefixes)), **compare_options)
+  out = dataclasses.replace(found, options=dict(found.options), checkpoints=prefixes,
+                            input_latency=cmp.reference, best_latency=cmp.candidates[0],
+                            measured=None if found.returned_input else cmp.speedups[0],
+                            comparison=cmp)
+  if keep_slower or found.returned_input:
+    return out
+  first = 1 + len(others)
+  decision = decide(cmp.speedups[0], len(found.rewrites), cmp.speedups[first:],
+                    [p.rewrites for p in prefixes])
+  out.guard = decision
+  out.measured = decision.speedup if decision.kept != "input" else decision.path_speedup
+  if prefixes:
+    out.options["checkpoints"] = [
+        {"rewrites": p.rewrites, "cost_ms": p.cost_ms,
+         "latency_median_ms": cmp.candidates[first + i].median_ms, "speedup": s.describe()}
+        for i, (p, s) in enumerate(zip(prefixes, decision.checkpoint_speedups))]
+  if decision.kept == "checkpoint":
+    p = prefixes[decision.index - 1]
+    out.options["checkpoint"] = {"rewrites": p.rewrites, "of": len(found.rewrites),
+                                 "rejected_speedup": decision.path_speedup.describe()}
+    out.best_graph, out.best_cost_ms, out.rewrites = p.graph, p.cost_ms, found.rewrites[:p.rewrites]
+    out.best_latency = cmp.candidates[first + decision.index - 1]
+  elif decision.kept == "input":
+    rejected = cmp.candidates[0]
+    out.options["measured_guard"] = {
+        "rejected_found_by": found.method, "rejected_cost_ms": found.best_cost_ms,
+        "rejected_rewrites": len(found.rewrites),
+        "rejected_latency_median_ms": rejected.median_ms,
+        "rejected_latency_iqr_ms": rejected.iqr_ms,
+        "input_latency_median_ms": cmp.reference.median_ms,
+        "rejected_speedup": decision.path_speedup.describe(),
+        "rejected_verdict": decision.path_speedup.to_json()}
+    out.best_graph, out.best_cost_ms, out.rewrites = (found.input_graph, found.initial_cost_ms,
+                                                      [])
+    out.best_latency, out.returned_input = cmp.reference, True
+  return out
+
+
+def kept_slot(result: SearchResult) -> int | None:
+  """The comparison's candidate index of the graph `result` returns (None: the input)."""
+  if result.returned_input:
+    return None
+  if result.guard is None or result.guard.kept == "path":
+    return 0
+  return len(result.comparison.candidates) - len(result.checkpoints) + result.guard.index - 1
 
 
 def rewrite_families(ruleset: Any, rewrites: Sequence[RewriteStep]) -> list[str]:

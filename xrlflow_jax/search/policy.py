@@ -15,9 +15,9 @@ from xrlflow_jax.env import GraphRewriteEnv, observe, offered_candidates
 from xrlflow_jax.env.types import Observation
 from xrlflow_jax.graph import layout
 from xrlflow_jax.graph.params import ParamStore
-from xrlflow_jax.search import guard
 from xrlflow_jax.search.cache import IdentityCache
 from xrlflow_jax.search.expand import Expander, check_graph, improves
+from xrlflow_jax.search.progress import Progress
 from xrlflow_jax.search.result import SearchError, SearchResult
 
 DEFAULT_STEPS = 50
@@ -162,18 +162,16 @@ def policy(graph: layout.Graph, params: ParamStore, expander: Expander, *, agent
     return [tuple(x.shape) for x in jax.tree_util.tree_leaves(shapes)]
   net = network_params_of(agent, network_params, seed_index, _SHAPES.get((agent,), leaf_shapes))
   rng = np.random.default_rng(seed)
-  cost0 = float(first.current)
-  best_g, best_cost, best_steps = g0, cost0, []
-  expanded = costed = 0
+  run = Progress("policy", expander, params, measure, measure_options, g0,
+                 float(first.current), started)
   num_l, stop = expander.max_locations, expander.num_actions
   for rollout in range(1 + num_samples):  # rollout 0 takes the argmax action
     g, exp, trail = jgraph, first, []
     for t in range(steps):
       if t:
         exp = expander.costs(g)
-      expanded += 1
       valid = np.asarray(exp.valid)
-      costed += int(valid.sum())
+      run.counted(valid)
       if not valid.any():
         break
       logp = np.asarray(net_fn.fn(net, g, exp.valid, exp.nodes, exp.cost, exp.current,
@@ -192,13 +190,9 @@ def policy(graph: layout.Graph, params: ParamStore, expander: Expander, *, agent
                           "valid but did not apply")
       trail.append(expander.step(r, loc, nodes))
       c = float(np.asarray(exp.cost)[action])
-      if improves(c, best_cost):
-        best_g, best_cost, best_steps = layout.to_host(g), c, list(trail)
-  return guard.finish("policy", g0, best_g, best_steps, params, initial_cost=cost0,
-                      best_cost=best_cost, measure=measure, started=started,
-                      graphs_expanded=expanded, candidates_costed=costed,
-                      options={"steps": steps, "num_samples": num_samples, "seed": seed},
-                      measure_options=measure_options, expander=expander)
+      if improves(c, run.best_cost):
+        run.offer(layout.to_host(g), c, trail)
+  return run.finish(steps=steps, num_samples=num_samples, seed=seed)
 
 
 def init_network(agent: Agent, expander: Expander, graph: layout.Graph, key: jax.Array,

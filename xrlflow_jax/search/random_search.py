@@ -9,8 +9,8 @@ import numpy as np
 
 from xrlflow_jax.graph import layout
 from xrlflow_jax.graph.params import ParamStore
-from xrlflow_jax.search import guard
 from xrlflow_jax.search.expand import Expander, check_graph, improves
+from xrlflow_jax.search.progress import Progress
 from xrlflow_jax.search.result import SearchError, SearchResult
 
 
@@ -37,9 +37,8 @@ def random_search(graph: layout.Graph, params: ParamStore, expander: Expander, *
   rng = np.random.default_rng(seed)
   g0 = check_graph(graph, expander.ruleset)
   first = expander.costs(g0)
-  cost0 = float(first.current)
-  best_g, best_cost, best_steps = g0, cost0, []
-  expanded = costed = 0
+  run = Progress("random", expander, params, measure, measure_options, g0,
+                 float(first.current), started)
   num_l = expander.max_locations
   for _ in range(num_rollouts):
     g, trail, exp = g0, [], first
@@ -47,8 +46,7 @@ def random_search(graph: layout.Graph, params: ParamStore, expander: Expander, *
       if t:
         exp = expander.costs(g)
       valid = np.asarray(exp.valid).reshape(-1, num_l)
-      expanded += 1
-      costed += int(valid.sum())
+      run.counted(valid)
       if not valid.any():
         break
       r = int(rng.choice(np.flatnonzero(valid.any(axis=1))))
@@ -61,10 +59,6 @@ def random_search(graph: layout.Graph, params: ParamStore, expander: Expander, *
       g = g2
       trail.append(expander.step(r, loc, nodes))
       c = float(np.asarray(exp.cost)[r * num_l + loc])
-      if improves(c, best_cost):
-        best_g, best_cost, best_steps = layout.to_host(g), c, list(trail)
-  return guard.finish("random", g0, best_g, best_steps, params, initial_cost=cost0,
-                      best_cost=best_cost, measure=measure, started=started,
-                      graphs_expanded=expanded, candidates_costed=costed,
-                      options={"num_rollouts": num_rollouts, "steps": steps, "seed": seed},
-                      measure_options=measure_options, expander=expander)
+      if improves(c, run.best_cost):
+        run.offer(layout.to_host(g), c, trail)
+  return run.finish(num_rollouts=num_rollouts, steps=steps, seed=seed)

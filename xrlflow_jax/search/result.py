@@ -8,9 +8,10 @@ from typing import Any
 
 import numpy as np
 
-from xrlflow_jax.measure.latency import LatencyStats
 from xrlflow_jax.errors import XrlflowError
-from xrlflow_jax.measure import Speedup
+from xrlflow_jax.measure import Comparison, Speedup
+from xrlflow_jax.measure.guard import GuardDecision
+from xrlflow_jax.measure.latency import LatencyStats
 from xrlflow_jax.graph import host as graph_host
 from xrlflow_jax.graph import layout
 
@@ -52,6 +53,19 @@ class RewriteStep:
                tuple(int(v) for v in data["nodes"]))
 
 
+@dataclasses.dataclass(frozen=True)
+class Checkpoint:
+  """A prefix of a found path, timed beside the whole path by the measured guard.
+
+  Attributes:
+    rewrites: the prefix's length (steps of the path); graph: the graph it reaches (host
+      arrays, the input's capacity); cost_ms: its modelled cost.
+  """
+  rewrites: int
+  graph: layout.Graph
+  cost_ms: float
+
+
 @dataclasses.dataclass
 class SearchResult:
   """The outcome of one search.
@@ -74,8 +88,14 @@ class SearchResult:
     found_cost_ms: modelled cost of the best graph the search found, before the guard.
     found_rewrites: number of rewrites of that graph (before the guard).
     options: the driver's settings (for reports).
-    measured: the measured verdict on the graph found (`measure.Speedup`), or None when not
-      measured or nothing was found.
+    measured: the measured verdict on the graph found (`measure.Speedup`; the whole path's
+      when the guard rejected it), or None when not measured or nothing was found.
+    checkpoints: prefixes of the found path for the measured guard (`guard.measured_guard`):
+      those it timed, or, for a search run without it, those it is to time.
+    guard: the measured guard's decision (`measure.guard.GuardDecision`), None when it did not
+      run (measure=False, or told to keep the path whatever it measured).
+    comparison: the guard's `measure.Comparison`: candidate 0 the found graph, then the other
+      graphs it was given, then `checkpoints`; None when not measured.
   """
   method: str
   input_graph: layout.Graph
@@ -93,6 +113,9 @@ class SearchResult:
   found_rewrites: int = 0
   options: dict[str, Any] = dataclasses.field(default_factory=dict)
   measured: Speedup | None = None
+  checkpoints: list[Checkpoint] = dataclasses.field(default_factory=list, repr=False)
+  guard: GuardDecision | None = None
+  comparison: Comparison | None = dataclasses.field(default=None, repr=False)
 
   @property
   def modelled_speedup(self) -> float:

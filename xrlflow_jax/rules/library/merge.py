@@ -3,13 +3,13 @@ enlargement so convolutions can merge, grouped-convolution merging, and their in
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable
 
 import jax.numpy as jnp
 
 from xrlflow_jax.ops import MAX_RANK as R
 from xrlflow_jax.ops import Op
-from xrlflow_jax.rules.pattern import MatchView, Ref, Rule, RuleBuilder
+from xrlflow_jax.rules.pattern import AttrValue, MatchView, Ref, Rule, RuleBuilder
 
 
 def equal_except(m: MatchView, a: Ref, b: Ref, position: int) -> jnp.ndarray:
@@ -20,6 +20,29 @@ def equal_except(m: MatchView, a: Ref, b: Ref, position: int) -> jnp.ndarray:
 
 def last_axis(ref: Ref):
   return lambda m: m.rank(ref) - 1
+
+
+def _bias_variant(name: str, family: str, bias: bool, *, inverse: str,
+                  **kwargs: Any) -> RuleBuilder:
+  """The builder of a convolution rule's variant with (`bias`) or without a bias operand: the
+  rule's `name` and its `inverse` both end in "_bias" with one."""
+  suffix = "_bias" if bias else ""
+  return RuleBuilder(name + suffix, family, inverse=inverse + suffix, **kwargs)
+
+
+def _conv_vars(r: RuleBuilder, bias: bool, const_weight: bool = False
+               ) -> tuple[Ref, Ref, list[Ref]]:
+  """The variables of a rule on one convolution: (x, w, [b] with a bias, else [])."""
+  x, w = r.var("x"), r.var("w", const=const_weight)
+  return x, w, [r.var("b")] if bias else []
+
+
+def _replace_conv(r: RuleBuilder, conv: Ref, x: Ref, w: Ref, bias: list[Ref],
+                  **attrs: AttrValue) -> Rule:
+  """The rule `r` that replaces `conv` by conv(x, w, *bias) with `conv`'s attributes, `attrs`
+  overriding them."""
+  r.replace(conv, r.dst(Op.CONV2D, x, w, *bias, like=conv, **attrs))
+  return r.build()
 
 
 # A merged weight is concatenated in groups of at most this many (within every graph's
@@ -120,12 +143,10 @@ def _split_matmul(r: RuleBuilder, axis: int, pieces: tuple[Ref, Ref],
 
 def merge_conv_shared_input(bias: bool) -> Rule:
   """conv(x, w1), conv(x, w2) with equal attributes -> channel slices of conv(x, concat(w1, w2))."""
-  suffix = "_bias" if bias else ""
-  r = RuleBuilder(f"merge_conv_shared_input{suffix}", "merge_conv", symmetric=True,
-                  example=_ex_merge_conv(bias),
-                  inverse=f"split_conv_shared_input{suffix}",
-                  description="convolutions reading one tensor with the same kernel, strides, "
-                              "pads and activation become one convolution")
+  r = _bias_variant("merge_conv_shared_input", "merge_conv", bias, symmetric=True,
+                    example=_ex_merge_conv(bias), inverse="split_conv_shared_input",
+                    description="convolutions reading one tensor with the same kernel, strides, "
+                                "pads and activation become one convolution")
   x = r.var("x")
   w1, w2 = r.var("w1", const=True), r.var("w2", const=True)
   b1 = r.var("b1", const=True) if bias else None
@@ -145,9 +166,8 @@ def merge_conv_shared_input(bias: bool) -> Rule:
 
 def split_conv_shared_input(bias: bool) -> Rule:
   """Inverse: channel slices of conv(x, concat(w1, w2)) -> conv(x, w1), conv(x, w2)."""
-  suffix = "_bias" if bias else ""
-  r = RuleBuilder(f"split_conv_shared_input{suffix}", "merge_conv", example=_ex_split_conv(bias),
-                  inverse=f"merge_conv_shared_input{suffix}", description="undo a merged conv")
+  r = _bias_variant("split_conv_shared_input", "merge_conv", bias, example=_ex_split_conv(bias),
+                    inverse="merge_conv_shared_input", description="undo a merged conv")
   x = r.var("x")
   w1, w2 = r.var("w1", const=True), r.var("w2", const=True)
   b1 = r.var("b1", const=True) if bias else None
@@ -205,53 +225,40 @@ def enlarge_conv_kernel(bias: bool, sibling_bias: bool) -> Rule:
 
 def shrink_conv_kernel(bias: bool) -> Rule:
   """Inverse of enlarge: conv(x, enlarge(w)) -> conv(x, w) with the padding reduced."""
-  name = "shrink_conv_kernel" + ("_bias" if bias else "")
-  r = RuleBuilder(name, "enlarge_conv", example=_ex_shrink(bias),
-                  inverse="enlarge_conv_kernel" + ("_bias" if bias else ""),
-                  description="drop the zero border of an enlarged kernel")
-  x, w = r.var("x"), r.var("w")
-  b = r.var("b") if bias else None
+  r = _bias_variant("shrink_conv_kernel", "enlarge_conv", bias, example=_ex_shrink(bias),
+                    inverse="enlarge_conv_kernel",
+                    description="drop the zero border of an enlarged kernel")
+  x, w, b = _conv_vars(r, bias)
   e = r.src(Op.ENLARGE, w)
-  conv = r.src(Op.CONV2D, x, e, *([b] if bias else []))
+  conv = r.src(Op.CONV2D, x, e, *b)
   shrink = lambda m: jnp.stack([(m.dim(e, 2) - m.dim(w, 2)) // 2, (m.dim(e, 3) - m.dim(w, 3)) // 2,
                                 (m.dim(e, 2) - m.dim(w, 2)) // 2, (m.dim(e, 3) - m.dim(w, 3)) // 2])
   r.where(lambda m: jnp.all(m.attr(conv, "pads") >= shrink(m))
           & jnp.all(m.attr(conv, "dilations") == 1))
-  r.replace(conv, r.dst(Op.CONV2D, x, w, *([b] if bias else []), like=conv,
-                        pads=lambda m: m.attr(conv, "pads") - shrink(m)))
-  return r.build()
+  return _replace_conv(r, conv, x, w, b, pads=lambda m: m.attr(conv, "pads") - shrink(m))
 
 
 def merge_group_conv(bias: bool) -> Rule:
   """conv(x, w, groups=g) -> conv(x, merge_gconv(w, g, 2), groups=g/2) (TASO's merge_gconv)."""
-  name = "merge_group_conv" + ("_bias" if bias else "")
-  r = RuleBuilder(name, "group_conv", example=_ex_merge_gconv(bias),
-                  inverse="split_group_conv" + ("_bias" if bias else ""),
-                  description="halve the number of groups of a grouped convolution")
-  x, w = r.var("x"), r.var("w", const=True)
-  b = r.var("b") if bias else None
-  conv = r.src(Op.CONV2D, x, w, *([b] if bias else []))
+  r = _bias_variant("merge_group_conv", "group_conv", bias, example=_ex_gconv(bias, merged=False),
+                    inverse="split_group_conv",
+                    description="halve the number of groups of a grouped convolution")
+  x, w, b = _conv_vars(r, bias, const_weight=True)
+  conv = r.src(Op.CONV2D, x, w, *b)
   r.where(lambda m: (m.attr(conv, "groups") >= 2) & (m.attr(conv, "groups") % 2 == 0))
   mw = r.dst(Op.MERGE_GCONV, w, groups=lambda m: m.attr(conv, "groups"), count=2)
-  r.replace(conv, r.dst(Op.CONV2D, x, mw, *([b] if bias else []), like=conv,
-                        groups=lambda m: m.attr(conv, "groups") // 2))
-  return r.build()
+  return _replace_conv(r, conv, x, mw, b, groups=lambda m: m.attr(conv, "groups") // 2)
 
 
 def split_group_conv(bias: bool) -> Rule:
   """Inverse: conv(x, merge_gconv(w, g, c), groups=g/c) -> conv(x, w, groups=g)."""
-  name = "split_group_conv" + ("_bias" if bias else "")
-  r = RuleBuilder(name, "group_conv", example=_ex_split_gconv(bias),
-                  inverse="merge_group_conv" + ("_bias" if bias else ""),
-                  description="undo a grouped-convolution merge")
-  x, w = r.var("x"), r.var("w")
-  b = r.var("b") if bias else None
+  r = _bias_variant("split_group_conv", "group_conv", bias, example=_ex_gconv(bias, merged=True),
+                    inverse="merge_group_conv", description="undo a grouped-convolution merge")
+  x, w, b = _conv_vars(r, bias)
   mg = r.src(Op.MERGE_GCONV, w)
-  conv = r.src(Op.CONV2D, x, mg, *([b] if bias else []))
+  conv = r.src(Op.CONV2D, x, mg, *b)
   r.where(lambda m: m.attr(conv, "groups") * m.attr(mg, "count") == m.attr(mg, "groups"))
-  r.replace(conv, r.dst(Op.CONV2D, x, w, *([b] if bias else []), like=conv,
-                        groups=lambda m: m.attr(mg, "groups")))
-  return r.build()
+  return _replace_conv(r, conv, x, w, b, groups=lambda m: m.attr(mg, "groups"))
 
 
 def rules() -> list[Rule]:
@@ -364,24 +371,17 @@ def _ex_shrink(bias):
   return ex
 
 
-def _ex_merge_gconv(bias):
+def _ex_gconv(bias, merged):
+  """A grouped 3x3 convolution of random sizes (merge_group_conv's source); `merged`: its weight
+  is merge_gconv(w, groups, 2) and it has half the groups (split_group_conv's source)."""
   def ex(b, rng):
     groups = int(rng.choice([2, 4]))
     cg, og = (int(v) for v in rng.integers(1, 3, size=2))
     x = b.input((1, groups * cg, 6, 6))
     o = groups * og
-    return [b.conv2d(x, b.weight((o, cg, 3, 3)), b.weight((o,), init="bias") if bias else None,
-                     groups=groups, activation=_act(rng))]
-  return ex
-
-
-def _ex_split_gconv(bias):
-  def ex(b, rng):
-    groups = int(rng.choice([2, 4]))
-    cg, og = (int(v) for v in rng.integers(1, 3, size=2))
-    x = b.input((1, groups * cg, 6, 6))
-    o = groups * og
-    w = b.merge_gconv(b.weight((o, cg, 3, 3)), groups=groups, count=2)
-    return [b.conv2d(x, w, b.weight((o,), init="bias") if bias else None, groups=groups // 2,
+    w = b.weight((o, cg, 3, 3))
+    if merged:
+      w, groups = b.merge_gconv(w, groups=groups, count=2), groups // 2
+    return [b.conv2d(x, w, b.weight((o,), init="bias") if bias else None, groups=groups,
                      activation=_act(rng))]
   return ex

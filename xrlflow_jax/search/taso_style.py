@@ -6,15 +6,33 @@ import collections
 import heapq
 import itertools
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from xrlflow_jax.graph import layout
 from xrlflow_jax.graph.params import ParamStore
-from xrlflow_jax.search import guard
 from xrlflow_jax.search.expand import Children, Expander, Expansion, check_graph, improves
+from xrlflow_jax.search.progress import Progress
 from xrlflow_jax.search.result import RewriteStep, SearchError, SearchResult
+
+
+class QueueEntry(NamedTuple):
+  """A graph in the search's priority queue (ordered by the first three fields; `tie` is
+  unique, so graphs are never compared).
+
+  A pushed child stays unbuilt until popped (most pushed graphs are never expanded): `graph` is
+  None, `ids` its parent's Children, `position` its place in them and `steps` its parent's (its
+  own step is recorded when built). A built graph has its node identities in `ids`.
+  """
+  priority: float  # the cost it is queued at: its own, or a seed's best graph's
+  turn: int  # its place among its expansion's candidates of one rule (0: the cheapest)
+  tie: int  # push order
+  cost: float  # its modelled cost
+  graph: layout.Graph | None
+  ids: Any  # np.ndarray identities, or the parent's Children
+  position: int | None
+  steps: tuple[RewriteStep, ...]
 
 
 def taso(graph: layout.Graph, params: ParamStore, expander: Expander, *, budget: int = 200,
@@ -89,17 +107,13 @@ def taso(graph: layout.Graph, params: ParamStore, expander: Expander, *, budget:
   ids0 = expander.identities(g0)
   first = expander.expand(g0, ids0)
   cost0 = float(first[0].current)
+  run = Progress("taso", expander, params, measure, measure_options, g0, cost0, started)
   tie = itertools.count()
-  # Queue entries: (cost it is queued at, turn, tie, its cost, graph or None, its identities or
-  # its Children, its bucket position or None, its steps). A pushed child stays unbuilt
-  # (Children, position, and its parent's steps: its own is recorded when built) until popped:
-  # most pushed graphs are never expanded. A seed from a best graph is queued at that graph's
-  # cost, below its own.
-  queue: list[tuple[float, int, int, float, Any, Any, Any, tuple[RewriteStep, ...]]] = []
+  queue: list[QueueEntry] = []
   seen = {expander.graph_hash(g0, ids0)}
   best_cost = cost0
   # The descent starts at the input.
-  best_entry = dive = (cost0, 0, next(tie), cost0, g0, ids0, None, ())
+  best_entry = dive = QueueEntry(cost0, 0, next(tie), cost0, g0, ids0, None, ())
   seeded: list[str] = []
   seed_seconds = 0.0
 
@@ -116,7 +130,8 @@ def taso(graph: layout.Graph, params: ParamStore, expander: Expander, *, budget:
       made = collections.Counter(step.rule for step in more)
       seeded.append((f"after {len(steps)}: " if steps else "")
                     + ", ".join(f"{rule} x{k}" for rule, k in made.items()))
-      child = (c if at is None else at, 0, next(tie), c, sg, sids, None, steps + more)
+      child = QueueEntry(c if at is None else at, 0, next(tie), c, sg, sids, None,
+                         steps + more)
       if improves(c, best_cost):
         best_cost, best_entry = c, child
       heapq.heappush(queue, child)
@@ -124,26 +139,24 @@ def taso(graph: layout.Graph, params: ParamStore, expander: Expander, *, budget:
 
   if saturate:
     push_seeds(g0, ids0, first[0], ())
-  expanded = costed = 0
-  while (queue or dive is not None) and expanded < budget:
+  while (queue or dive is not None) and run.expanded < budget:
     diving = dive is not None
     entry, dive = (dive, None) if diving else (heapq.heappop(queue), None)
-    _, _, _, cost, g, ids, i, steps = entry
+    cost, g, ids, i, steps = entry.cost, entry.graph, entry.ids, entry.position, entry.steps
     if not diving and cost > alpha * best_cost:
       continue  # pushed before the best improved: outside the window now (TASO drops these)
     if g is None:
       g, ids, steps = _build(expander, ids, i, steps)
     exp, children = first if g is g0 else expander.expand(g, ids)
     valid, costs = np.asarray(exp.valid), np.asarray(exp.cost)
-    expanded += 1
-    costed += int(valid.sum())
+    run.counted(valid)
     order = np.argsort(costs, kind="stable")
     order = order[valid[order]]
     if diving and order.size and improves(float(costs[order[0]]), cost):
       j = children.fresh(int(order[0]), seen)  # the descent goes on (a seen one ends it)
       if j is not None:
         c = float(costs[order[0]])
-        dive = (c, 0, next(tie), c, None, children, j, steps)
+        dive = QueueEntry(c, 0, next(tie), c, None, children, j, steps)
         if improves(c, best_cost):
           best_cost, best_entry = c, dive
     reseed = saturate and g is not g0 and entry is best_entry and dive is None
@@ -160,7 +173,7 @@ def taso(graph: layout.Graph, params: ParamStore, expander: Expander, *, budget:
         fresh.append((turns[r], len(fresh), c, j))
         turns[r] += 1
     for turn, _, c, j in sorted(fresh):
-      child = (c, turn, next(tie), c, None, children, j, steps)
+      child = QueueEntry(c, turn, next(tie), c, None, children, j, steps)
       if improves(c, best_cost):
         best_cost, best_entry = c, child
       heapq.heappush(queue, child)
@@ -168,17 +181,13 @@ def taso(graph: layout.Graph, params: ParamStore, expander: Expander, *, budget:
       push_seeds(g, ids, exp, steps, at=cost)  # first candidates of each rule (a join first)
     if len(queue) > max_queue:
       queue = _cheapest(queue, max_queue)
-  _, _, _, _, best_g, best_ids, best_i, best_steps = best_entry
+  best_g, best_steps = best_entry.graph, best_entry.steps
   if best_g is None:
-    best_g, _, best_steps = _build(expander, best_ids, best_i, best_steps)
-  return guard.finish("taso", g0, best_g, list(best_steps), params, initial_cost=cost0,
-                      best_cost=best_cost, measure=measure, started=started,
-                      graphs_expanded=expanded, candidates_costed=costed,
-                      options={"budget": budget, "alpha": alpha, "max_children": max_children,
-                               "max_queue": max_queue, "graphs_seen": len(seen),
-                               "saturate": saturate, "seeds": seeded,
-                               "seed_seconds": round(seed_seconds, 3)},
-                      measure_options=measure_options, expander=expander)
+    best_g, _, best_steps = _build(expander, best_entry.ids, best_entry.position, best_steps)
+  run.offer(best_g, best_cost, best_steps)
+  return run.finish(budget=budget, alpha=alpha, max_children=max_children, max_queue=max_queue,
+                    graphs_seen=len(seen), saturate=saturate, seeds=seeded,
+                    seed_seconds=round(seed_seconds, 3))
 
 
 def _valley_seeds(expander: Expander, g0: layout.Graph, ids0: np.ndarray, exp: Expansion
@@ -216,11 +225,11 @@ def _build(expander: Expander, children: Children, i: int, steps: tuple[RewriteS
   return (*children.child(i), steps + (expander.step(r, loc, children.nodes[i]),))
 
 
-def _cheapest(queue: list[tuple], k: int) -> list[tuple]:
-  """The k smallest entries of a heap of (cost, turn, tie, ...) tuples (ties unique), as a
-  heap: the same entries as `heapq.nsmallest(k, queue)`, selected with numpy."""
-  costs = np.fromiter((e[0] for e in queue), np.float64, len(queue))
-  turns = np.fromiter((e[1] for e in queue), np.int64, len(queue))
-  ties = np.fromiter((e[2] for e in queue), np.int64, len(queue))
+def _cheapest(queue: list[QueueEntry], k: int) -> list[QueueEntry]:
+  """The k smallest entries of a heap of QueueEntries, as a heap: the same entries as
+  `heapq.nsmallest(k, queue)`, selected with numpy."""
+  costs = np.fromiter((e.priority for e in queue), np.float64, len(queue))
+  turns = np.fromiter((e.turn for e in queue), np.int64, len(queue))
+  ties = np.fromiter((e.tie for e in queue), np.int64, len(queue))
   keep = np.lexsort((ties, turns, costs))[:k]
   return [queue[i] for i in keep.tolist()]  # sorted ascending: already a heap
