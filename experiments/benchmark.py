@@ -174,7 +174,8 @@ def benchmark_model(spec, ruleset, ppo_ruleset, coeffs, methods: list[str],
   the report (original first). `ruleset`: the searches'; `ppo_ruleset`: the same rules with
   PPO's environment's locations (the environment's throughput is measured on it)."""
   cap = _opt("capacity")
-  loaded, = workflow.load_many([spec], capacity=cap if cap > 0 else None, seed=_SEED.value)
+  loaded, = workflow.load_many([spec], capacity=cap if cap > 0 else None, seed=_SEED.value,
+                               random_weights=True)
   graph, params = loaded.graph, loaded.params
   G.validate(graph, params)
   # As the optimise job: rules whose source ops cannot occur in this graph are not compiled.

@@ -75,7 +75,7 @@ def main(argv: list[str]) -> None:
   walkers: dict[tuple[int, int], RewriteWalker] = {}
   results = []
   for spec, size in sources:
-    loaded = workflow.load(spec, size=size)
+    loaded = workflow.load(spec, size=size, random_weights=True)
     graph, params, name = loaded.graph, loaded.params, loaded.name
     key = tuple(graph.senders.shape) + tuple(graph.nodes["op"].shape)
     if key not in walkers:  # one compiled matcher per capacity

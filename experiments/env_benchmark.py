@@ -47,7 +47,8 @@ def main(argv: list[str]) -> None:
         f"locations; random valid policy, horizon {_HORIZON.value}, auto-reset", flush=True)
   tables = []
   for model in _MODELS.value:
-    graph = workflow.load(model, size=_SIZE.value, capacity=_CAPACITY.value).graph
+    graph = workflow.load(model, size=_SIZE.value, capacity=_CAPACITY.value,
+                          random_weights=True).graph
     env = bench.make_env(graph, ruleset, coeffs, _HORIZON.value)
     print(f"\n{model}: {G.num_nodes(graph)} nodes, capacity {G.capacity(graph)}", flush=True)
     rows = []

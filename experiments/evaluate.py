@@ -182,7 +182,7 @@ def main(argv: list[str]) -> None:
   cap = _opt("capacity")
   loaded = workflow.as_graph_params(workflow.load_many(
       train_specs + [s for s, _ in evals], capacity=cap if cap > 0 else None, seed=_SEED.value,
-      errors="return"))
+      errors="return", random_weights=True))
   train_loaded, eval_loaded = loaded[:len(train_specs)], loaded[len(train_specs):]
   bad = [(s.label, e) for s, e in zip(train_specs, train_loaded) if isinstance(e, Exception)]
   if bad:

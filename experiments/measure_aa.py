@@ -106,7 +106,7 @@ def main(argv: list[str]) -> None:
   results = []
   for name in _MODELS.value:
     spec = workflow.resolve(name, _SIZE.value)
-    loaded = workflow.load(spec)
+    loaded = workflow.load(spec, random_weights=True)
     graph, params = loaded.graph, loaded.params
     results.append({"model": spec.label, **series(graph, graph, params,
                                                   f"{spec.label} identical copy")})

@@ -36,7 +36,8 @@ _PER_RULE = flags.DEFINE_bool("per_rule", False, "Also time each rule's matcher 
 
 def main(argv: list[str]) -> None:
   del argv
-  graph = workflow.load(_MODEL.value, size=_SIZE.value, capacity=_CAPACITY.value).graph
+  graph = workflow.load(_MODEL.value, size=_SIZE.value, capacity=_CAPACITY.value,
+                        random_weights=True).graph
   ruleset = RuleSet(builtin_rules(), max_locations=_LOCATIONS.value)
   print(f"model {Path(_MODEL.value).name}: {G.num_nodes(graph)} nodes, capacity "
         f"{G.capacity(graph)}; {len(ruleset)} rules x {ruleset.max_locations} locations; "

@@ -52,7 +52,7 @@ def main(argv: list[str]) -> None:
   walkers: dict[tuple[int, ...], RewriteWalker] = {}
   rows = []
   for spec in names:
-    loaded = workflow.load(spec, size=_SIZE.value)
+    loaded = workflow.load(spec, size=_SIZE.value, random_weights=True)
     graph, params, name = loaded.graph, loaded.params, loaded.name
     key = tuple(graph.senders.shape) + tuple(graph.nodes["op"].shape)
     if key not in walkers:

@@ -59,7 +59,7 @@ def main(argv: list[str]) -> None:
              "beam": {"steps": _BUDGET.value}, "greedy": {"max_steps": _BUDGET.value}}
   rows = []
   for model in _MODELS.value:
-    loaded = opt.load_source(model, size=_SIZE.value)
+    loaded = opt.load_source(model, size=_SIZE.value, random_weights=True)
     rows.append(bench.time_search(loaded.label, loaded.graph, loaded.params,
                                   method=_METHOD.value, kernels=kernels,
                                   fast_compile={"auto": None, "true": True,

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import jax
 import numpy as np
+import onnx
 import pytest
 from absl import app, flags
 
@@ -58,7 +59,8 @@ def onnx_report(tmp_path_factory, shared_dir):
   path = shared_dir / "models" / "squeezenet1_1.onnx"
   out = tmp_path_factory.mktemp("onnx") / "out"
   report = opt.optimize_model(str(path), method="greedy", budget=2, rules=RULES,
-                              output_dir=out, keep_slower=True, kernel_table=False, **FAST)
+                              output_dir=out, keep_slower=True, kernel_table=False,
+                              random_weights=True, **FAST)
   return report, out, path
 
 
@@ -200,11 +202,34 @@ def test_onnx_end_to_end(onnx_report):
   for a, b in zip(ours(*inputs), theirs):
     np.testing.assert_allclose(np.asarray(a), b, rtol=1e-3, atol=1e-4)
   # The optimised file computes what the original (same seeded weights) does.
-  loaded = opt.load_source(str(path))
+  loaded = opt.load_source(str(path), random_weights=True)
   ref = executor.lower(loaded.graph, loaded.params)
   for a, b in zip(ref(*inputs), theirs):
     np.testing.assert_allclose(np.asarray(a), b, rtol=1e-3, atol=1e-4)
-  assert _replay_hash(out, str(path), RULES) == report.hash_after
+  assert _replay_hash(out, str(path), RULES, random_weights=True) == report.hash_after
+  # The file says what it holds: seeded random weights, not the model's.
+  props = {p.key: p.value for p in onnx.load(str(model_path)).metadata_props}
+  assert props["xrlflow_jax.source"] == str(path)
+  assert props["xrlflow_jax.random_weights"].startswith(f"{report.random_weights} initializers")
+
+
+def test_a_graph_only_file_is_refused_unless_random_weights_are_asked_for(shared_dir, tmp_path):
+  """A file whose external data is absent is refused before any work, naming the missing file
+  and the flag, and nothing is written; the command line says it in one line."""
+  path = shared_dir / "models" / "squeezenet1_1.onnx"
+  with pytest.raises(errors.MissingWeightsError) as info:
+    workflow.load(str(path))
+  assert [Path(f).name for f in info.value.files] == ["squeezenet1_1.onnx.data"]
+  assert workflow.load(str(path), random_weights=True).random_weights == info.value.count > 0
+  out = tmp_path / "out"
+  with pytest.raises(opt.OptimizeError, match=r"squeezenet1_1\.onnx\.data.*--random_weights"):
+    opt.optimize_model(str(path), method="greedy", output_dir=out)
+  with pytest.raises(opt.OptimizeError, match="--random_weights"):
+    opt.optimize_model("squeezenet1_1", method="greedy", against=str(path), write=False)
+  assert not out.exists()
+  with pytest.raises(SystemExit, match=r"^error: .*missing: put it beside the model") as info:
+    _run_main([f"--onnx={path}", f"--output={out}"])
+  assert "\n" not in str(info.value) and not out.exists()
 
 
 @pytest.mark.parametrize("text, message", [
@@ -464,7 +489,7 @@ def test_against_is_refused_clearly(zoo_report, tmp_path, shared_dir):
   with pytest.raises(opt.OptimizeError, match=r"resnet50_keepbn\.onnx takes other inputs.*"
                      r"\[1, 3, 224, 224\] float32 against \[1, 3, 64, 64\] float32"):
     opt.optimize_model(str(source), method="greedy", budget=1, rules=RULES, write=False,
-                       kernel_table=False, against=str(other), **FAST)
+                       kernel_table=False, against=str(other), random_weights=True, **FAST)
 
 
 def test_checkpoint_lengths_are_the_last_family_changes():

@@ -56,6 +56,17 @@ class OnnxImportError(XrlflowError):
   """
 
 
+class MissingWeightsError(OnnxImportError):
+  """Initializers keep their data in external files that are absent (a graph-only file), and
+  seeded random weights were not asked for; `files` names every missing file, `count` the
+  initializers."""
+
+  def __init__(self, message: str, files: tuple[str, ...] = (), count: int = 0):
+    super().__init__(message)
+    self.files = tuple(files)
+    self.count = int(count)
+
+
 class UnsupportedOnnxOpError(OnnxImportError):
   """The model uses ops the importer cannot express; `ops` lists every one of them at once."""
 

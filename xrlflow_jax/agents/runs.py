@@ -48,7 +48,8 @@ def load_pool(model_cfg: Any) -> tuple[list[str], list[Graph], list[ParamStore]]
     if not names:
       raise AgentError("the config names no model (set model.name or model.onnx)")
     specs = [workflow.resolve(n, str(model_cfg.size)) for n in names]
-  loaded = workflow.load_many(specs, capacity=capacity, seed=int(model_cfg.seed))
+  loaded = workflow.load_many(specs, capacity=capacity, seed=int(model_cfg.seed),
+                              random_weights=True)
   return [x.label for x in loaded], [x.graph for x in loaded], [x.params for x in loaded]
 
 

@@ -56,6 +56,10 @@ _TIMING = cli_flags.define_timing_flags(rounds_name="latency_rounds", looks_name
 _PICTURE = flags.DEFINE_bool("picture", True, "Draw graph.png.")
 _KEEP_SLOWER = flags.DEFINE_bool("keep_slower", False, "Keep the optimised graph even when XLA "
                                  "measures it no faster than the input (default: keep the input).")
+_RANDOM_WEIGHTS = flags.DEFINE_bool(
+    "random_weights", False, "Run a graph-only ONNX file (its external data file absent, as in "
+    "../shared/models) on seeded random weights; the written optimized.onnx then holds them and "
+    "says so in its metadata (default: such a file is refused, naming the missing file).")
 _CHECKPOINTS = flags.DEFINE_integer("checkpoints", 2, "Prefixes of the search's rewrites (where "
                                     "the rule family changes, the last ones) timed beside its "
                                     "graph; the fastest significantly faster one is returned.")
@@ -107,7 +111,7 @@ def main(argv: Sequence[str]) -> None:
         keep_slower=_KEEP_SLOWER.value, compilation_cache_dir=_CACHE.value or None,
         cost_coefficients=_COEFFS.value or None, precision=_PRECISION.value,
         kernel_table=_KERNELS.value, against=_AGAINST.value or None,
-        checkpoints=_CHECKPOINTS.value)
+        checkpoints=_CHECKPOINTS.value, random_weights=_RANDOM_WEIGHTS.value)
     report = opt.optimize_model(source, options)
   except UsageError as e:  # bad input: one line, no usage text, no traceback
     raise SystemExit(f"error: {e}") from None

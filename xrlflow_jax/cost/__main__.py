@@ -50,7 +50,7 @@ def _coeffs_or_none(device_kind: str, path: str | None) -> cost_model.CostCoeffi
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
-  loaded = workflow.load(args.model, size=args.size)
+  loaded = workflow.load(args.model, size=args.size, random_weights=True)
   graph, name = loaded.graph, loaded.name
   prof = profiler_lib.Profiler(args.cache_dir, args.backend, repeats=args.repeats,
                                min_time_s=args.min_time_s)
@@ -73,7 +73,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
   samples, variants = [], []
   for size in args.sizes.split(","):
     for name in _model_list(args.models):
-      loaded = workflow.load(name, size=size)
+      loaded = workflow.load(name, size=size, random_weights=True)
       graph, params, label = loaded.graph, loaded.params, loaded.name
       samples.append(fit_lib.GraphSample(label, graph, params))
       vs, seen = [], {host.structural_hash(graph)}
@@ -118,7 +118,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 
 
 def cmd_cost(args: argparse.Namespace) -> int:
-  loaded = workflow.load(args.model, size=args.size)
+  loaded = workflow.load(args.model, size=args.size, random_weights=True)
   graph, params, name = loaded.graph, loaded.params, loaded.name
   device = latency.resolve_device(args.backend)
   coeffs = coefficient_files.load_coefficients(device.device_kind, args.coeffs)
@@ -134,7 +134,7 @@ def cmd_cost(args: argparse.Namespace) -> int:
 
 
 def cmd_kernels(args: argparse.Namespace) -> int:
-  loaded = workflow.load(args.model, size=args.size)
+  loaded = workflow.load(args.model, size=args.size, random_weights=True)
   graph, params, name = loaded.graph, loaded.params, loaded.name
   prof = fusion_profile.profile(graph, params, runs=args.runs, backend=args.backend)
   print(f"# {name}: XLA kernels of the compiled graph, mean of {prof.runs} traced runs "

@@ -220,7 +220,7 @@ def against_outcome(path: str, original: workflow.Loaded, coeffs: cost.CostCoeff
   label = f"{AGAINST_PREFIX}{os.path.basename(path)}"
   t0 = time.perf_counter()
   try:
-    other = workflow.load(path, seed=seed)
+    other = workflow.load(path, seed=seed, random_weights=True)
     mismatch = executor.input_mismatch(original.graph, other.graph)
     if mismatch:
       raise ValueError(f"{path} takes other inputs than {original.label}: {mismatch}")

@@ -74,7 +74,7 @@ def _calibration(log: Log, out: dict[str, Any]) -> dict[str, Any]:
 
 
 def _env(s: dict[str, Any], coeffs: cost.CostCoefficients, log: Log) -> dict[str, Any]:
-  loaded = workflow.load(s["model"], size=s["size"])
+  loaded = workflow.load(s["model"], size=s["size"], random_weights=True)
   ruleset = workflow.ruleset(s["rules"], s["max_locations"])
   env = env_benchmark.make_env(loaded.graph, ruleset, coeffs, horizon=50)
   rows = []
@@ -128,7 +128,7 @@ def _optimize(s: dict[str, Any], log: Log) -> list[dict[str, Any]]:
 
 
 def _validation(s: dict[str, Any], coeffs: cost.CostCoefficients) -> dict[str, Any]:
-  loaded = workflow.load(s["model"], size=s["size"])
+  loaded = workflow.load(s["model"], size=s["size"], random_weights=True)
   v = cost_validation.validate_model(loaded.graph, loaded.params, coeffs, name=loaded.label,
                                      variants=s["variants"], neighbours=s["neighbours"],
                                      rounds=5, passes=2, log=None)

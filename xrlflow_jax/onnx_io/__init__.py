@@ -9,7 +9,8 @@ See `importer`, `exporter`, `weights` (random weights for graph-only files) and 
 executor as an `onnx.backend.base.Backend`).
 """
 
-from xrlflow_jax.errors import OnnxExportError, OnnxImportError, UnsupportedOnnxOpError
+from xrlflow_jax.errors import (MissingWeightsError, OnnxExportError, OnnxImportError,
+                                UnsupportedOnnxOpError)
 from xrlflow_jax.onnx_io.exporter import save, to_model
 from xrlflow_jax.onnx_io.importer import (ImportedParams, ImportStats, ShapeOverrideWarning, load,
                                          read_model)
@@ -17,7 +18,7 @@ from xrlflow_jax.onnx_io.weights import (fill_missing_weights, random_initialize
                                          randomize_constant_weights)
 
 __all__ = [
-    "ImportStats", "ImportedParams", "OnnxExportError", "OnnxImportError",
+    "ImportStats", "ImportedParams", "MissingWeightsError", "OnnxExportError", "OnnxImportError",
     "UnsupportedOnnxOpError", "fill_missing_weights", "load", "random_initializers",
     "randomize_constant_weights", "read_model", "save", "ShapeOverrideWarning", "to_model",
 ]

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 import os
-from typing import Any
+from typing import Any, Mapping
 
 import jax.numpy as jnp
 import numpy as np
@@ -355,7 +355,7 @@ def _emit_node(w: _Writer, g: layout.Graph, v: int, ins: list[str], srcs: list[i
 
 def save(graph: layout.Graph, params: ParamStore, path: str | os.PathLike, *,
          opset: int = EXPORT_OPSET, external_data: bool | None = None,
-         check: bool = True) -> onnx.ModelProto:
+         check: bool = True, metadata: Mapping[str, str] | None = None) -> onnx.ModelProto:
   """Writes a graph and its weights as an ONNX file and returns the model.
 
   Args:
@@ -366,11 +366,14 @@ def save(graph: layout.Graph, params: ParamStore, path: str | os.PathLike, *,
       exceed 2 GB (the protobuf limit).
     check: run `onnx.checker.check_model` (full check, which includes strict shape inference)
       on the written file.
+    metadata: {key: value} written as the model's metadata_props.
   Raises:
     OnnxExportError: the graph cannot be exported, or the written model fails the checker.
   """
   path = os.fspath(path)
   model = to_model(graph, params, opset=opset)
+  if metadata:
+    helper.set_model_props(model, {str(k): str(v) for k, v in metadata.items()})
   nbytes = sum(t.ByteSize() for t in model.graph.initializer)
   if external_data is None:
     external_data = nbytes > _TWO_GB - (64 << 20)

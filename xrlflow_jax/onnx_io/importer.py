@@ -24,7 +24,8 @@ import numpy as np
 import onnx
 
 from xrlflow_jax import executor, ops
-from xrlflow_jax.errors import CapacityError, OnnxImportError, ShapeError, UnsupportedOnnxOpError
+from xrlflow_jax.errors import (CapacityError, MissingWeightsError, OnnxImportError, ShapeError,
+                                UnsupportedOnnxOpError)
 from xrlflow_jax.graph import layout, transforms
 from xrlflow_jax.graph.builder import GraphBuilder, Tensor
 from xrlflow_jax.graph.params import ParamStore
@@ -394,10 +395,10 @@ class _Importer:
                             "supported")
     if missing and not self.random_weights:
       files = sorted({weights.external_path(t, self.base_dir) for t in missing})
-      raise OnnxImportError(
+      raise MissingWeightsError(
           f"{self.label}: {len(missing)} initializer(s) (e.g. '{missing[0].name}') keep their "
-          f"data in {', '.join(files)}, which is missing; put the file beside the model or pass "
-          "random_weights=True to give them seeded random values")
+          f"data in {', '.join(files)}, which is missing; put the file beside the model or ask "
+          "for seeded random weights (random_weights=True)", tuple(files), len(missing))
     if missing:
       role_of = weights.roles(self.model)
       for t in missing:

@@ -62,6 +62,9 @@ class OptimizeOptions:
       fastest of them and the whole path among those measured significantly faster, every
       verdict at the level 1 - 0.05 / (1 + checkpoints) (0: the whole path alone); for "ppo",
       prefixes of the returned path (the policy's or training's best).
+    random_weights: run an ONNX file whose external data is absent (a graph-only file) on
+      seeded random weights (`workflow.load`); the report and the written file's metadata say
+      so. False: such a file (the model or `against`) is refused, naming the missing file.
   """
   method: str = "ppo"
   size: str = "tiny"
@@ -87,6 +90,7 @@ class OptimizeOptions:
   kernel_table: bool = True
   against: str | None = None
   checkpoints: int = DEFAULT_CHECKPOINTS
+  random_weights: bool = False
 
   @classmethod
   def of(cls, options: OptimizeOptions | None = None, **settings: Any) -> OptimizeOptions:

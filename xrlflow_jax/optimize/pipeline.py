@@ -12,6 +12,7 @@ from xrlflow_jax import compilation_cache, cost, executor
 from xrlflow_jax import graph as G
 from xrlflow_jax.cost import calibrate
 from xrlflow_jax.cost import kernel_table as kernel_table_lib
+from xrlflow_jax.errors import MissingWeightsError
 from xrlflow_jax.measure import NumericsCheck, NumericsError, check_numerics
 from xrlflow_jax.optimize import checks, methods
 from xrlflow_jax.optimize.checks import OptimizeError
@@ -27,9 +28,19 @@ DEFAULT_MODEL = "squeezenet1_1"
 
 def load_source(source: str, *, size: str = "tiny",
                 input_shapes: Mapping[str, Sequence[int]] | None = None,
-                capacity: int | None = None, seed: int = 0) -> Loaded:
-  """`workflow.load` with the optimise job's default size ("tiny")."""
-  return load(source, size=size, input_shapes=input_shapes, capacity=capacity, seed=seed)
+                capacity: int | None = None, seed: int = 0,
+                random_weights: bool = False) -> Loaded:
+  """`workflow.load` with the optimise job's default size ("tiny"); a graph-only file without
+  `random_weights` is refused with an OptimizeError naming the missing file and the flag."""
+  try:
+    return load(source, size=size, input_shapes=input_shapes, capacity=capacity, seed=seed,
+                random_weights=random_weights)
+  except MissingWeightsError as e:
+    raise OptimizeError(
+        f"{source}: {e.count} initializer(s) keep their data in {', '.join(e.files)}, which is "
+        "missing: put it beside the model, or pass --random_weights (random_weights=True) to "
+        "run on seeded random weights; the optimised file would then hold those, not the "
+        "model's") from None
 
 
 @functools.lru_cache(maxsize=4)
@@ -94,7 +105,8 @@ def _load(source: str, opts: OptimizeOptions, log: Callable[[str], None]
   """The model, checked to fit in memory, and the `against` graph (None when not asked for),
   refused before any search when it takes other inputs."""
   loaded = load_source(source, size=opts.size, input_shapes=opts.input_shapes,
-                       capacity=opts.capacity, seed=opts.seed)
+                       capacity=opts.capacity, seed=opts.seed,
+                       random_weights=opts.random_weights)
   checks.check_memory(loaded)
   log(f"loaded {loaded.label} ({loaded.kind}): {G.num_nodes(loaded.graph)} nodes, capacity "
       f"{G.capacity(loaded.graph)}" + (f"; {loaded.random_weights} initializers given random "
@@ -104,7 +116,8 @@ def _load(source: str, opts: OptimizeOptions, log: Callable[[str], None]
     log(f"note: {note}")
   if opts.against is None:
     return loaded, None
-  other = load_source(str(opts.against), input_shapes=opts.input_shapes, seed=opts.seed)
+  other = load_source(str(opts.against), input_shapes=opts.input_shapes, seed=opts.seed,
+                      random_weights=opts.random_weights)
   mismatch = executor.input_mismatch(loaded.graph, other.graph)
   if mismatch:
     raise OptimizeError(f"--against {opts.against} takes other inputs than {source}: "

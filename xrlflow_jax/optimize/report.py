@@ -261,7 +261,12 @@ def _write_files(report: OptimizeReport, loaded: Loaded, folder: Path, picture: 
   files: dict[str, str] = {}
   best = report.graph
   if loaded.kind == "onnx":
-    onnx_io.save(best, loaded.params, folder / "optimized.onnx")
+    metadata = {"xrlflow_jax.source": report.source, "xrlflow_jax.method": report.method}
+    if loaded.random_weights:  # what the file holds is not the model's weights: say so in it
+      metadata["xrlflow_jax.random_weights"] = (
+          f"{loaded.random_weights} initializers hold seeded random values, not the model's "
+          "weights (its external data file was absent)")
+    onnx_io.save(best, loaded.params, folder / "optimized.onnx", metadata=metadata)
     files["onnx"] = "optimized.onnx"
   (folder / "rewrites.json").write_text(json.dumps(
       {"source": report.source, "method": report.method, "found_by": report.found_by,

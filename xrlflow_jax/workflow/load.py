@@ -237,8 +237,8 @@ def _onnx_with_shape(path: str, shape: Sequence[tuple[str, int]]):
 
 def load(source: str | ModelSpec, *, size: str = "default",
          input_shapes: Mapping[str, Sequence[int]] | None = None,
-         capacity: int | None = None, seed: int = 0) -> Loaded:
-  """A zoo model or an ONNX file (graph-only files get seeded random weights).
+         capacity: int | None = None, seed: int = 0, random_weights: bool = False) -> Loaded:
+  """A zoo model or an ONNX file.
 
   Args:
     source: a ModelSpec, or text for `resolve` (zoo name, .onnx path, shared stem).
@@ -246,8 +246,13 @@ def load(source: str | ModelSpec, *, size: str = "default",
     input_shapes: ONNX only: {input name: whole shape} for dynamic dims.
     capacity: node slots; None: `fitted_capacity(node count)`.
     seed: seed of zoo weights and of random weights for graph-only ONNX files.
+    random_weights: give initializers whose external data file is absent (graph-only files,
+      such as `../shared/models`) seeded random values (`Loaded.random_weights` counts them);
+      False: such a file is refused. Structure and latency do not depend on the values; a
+      result that a user takes away does.
   Raises:
     LoadError: see `resolve`; shapes given for a zoo model; a bad shape variant.
+    MissingWeightsError (an OnnxImportError): external data absent without `random_weights`.
     OnnxImportError: the file cannot be imported. CapacityError: it does not fit `capacity`.
   """
   spec = source if isinstance(source, ModelSpec) else resolve(source, size)
@@ -257,11 +262,11 @@ def load(source: str | ModelSpec, *, size: str = "default",
       if input_shapes:
         raise LoadError("give either a shape variant or input shapes, not both")
       model, input_shapes = _onnx_with_shape(spec.source, spec.shape)
-      graph, params = onnx_io.load(model, input_shapes=input_shapes, random_weights=True,
-                                   seed=seed)
+      graph, params = onnx_io.load(model, input_shapes=input_shapes,
+                                   random_weights=random_weights, seed=seed)
     else:
       graph, params = onnx_io.load(str(path), input_shapes=dict(input_shapes or {}),
-                                   random_weights=True, seed=seed)
+                                   random_weights=random_weights, seed=seed)
     graph = fit_capacity(graph, capacity or fitted_capacity(G.num_nodes(graph)))
     return Loaded(path.stem, "onnx", graph, params, str(path),
                   int(params.stats.random_weights))
@@ -274,9 +279,9 @@ def load(source: str | ModelSpec, *, size: str = "default",
 
 
 def load_many(specs: Sequence[ModelSpec], *, capacity: int | None = None, seed: int = 0,
-              errors: str = "raise") -> list[Loaded | Exception]:
+              errors: str = "raise", random_weights: bool = False) -> list[Loaded | Exception]:
   """Models sharing one capacity (a trained policy needs one): `capacity`, or None for the
-  largest `fitted_capacity` among them.
+  largest `fitted_capacity` among them; `random_weights`: see `load`.
 
   Args:
     errors: "raise", or "return" to put the exception (a project error) in place of a model
@@ -284,7 +289,7 @@ def load_many(specs: Sequence[ModelSpec], *, capacity: int | None = None, seed: 
   """
   def one(spec: ModelSpec, cap: int | None) -> Loaded | Exception:
     try:
-      return load(spec, capacity=cap, seed=seed)
+      return load(spec, capacity=cap, seed=seed, random_weights=random_weights)
     except XrlflowError as e:  # a bug (any other exception) always propagates
       if errors == "raise":
         raise
