@@ -566,3 +566,54 @@ def test_measured_guard_prefers_the_whole_path_when_it_measures_at_least_as_fast
   assert kept.options["checkpoint"]["of"] == len(report.rewrites)
   decision = kept.guard
   assert (decision.kept, decision.rewrites, decision.index) == ("checkpoint", 1, 1)
+
+
+def test_the_file_written_is_the_graph_measured(zoo_report, tmp_path, monkeypatch):
+  """When the written file re-imports to another graph than the one measured, that graph is
+  timed against the input; not significantly faster, the input is returned and the user's own
+  file is written, byte for byte. A file that re-imports exactly is written as measured."""
+  from xrlflow_jax import onnx_io  # pylint: disable=g-import-not-at-top
+  report, _ = zoo_report
+  source = tmp_path / "input.onnx"
+  onnx_io.save(report.input_graph, report.params, source)
+  passing = measure.NumericsCheck(0.0, 0.0, 1, 1e-3, True)
+
+  def fake_compare(verdict: str):
+    def run(reference, candidates, params, **kw):
+      return measure.Comparison(_stats(1.0), _stats(1.0), [_stats(0.8)] * len(candidates),
+                                [_verdict(verdict)] * len(candidates),
+                                [passing] * len(candidates))
+    return run
+
+  def found(loaded, *args, **kwargs):  # "a rewritten graph": the input in other slots
+    n = G.capacity(loaded.graph)
+    moved = G.permute_slots(loaded.graph, np.roll(np.arange(n), 1))
+    step = search.RewriteStep("relu_after_concat", 0, 0, (0,))
+    return search.SearchResult("taso", loaded.graph, moved, [step], 2.0, 1.0), {}
+
+  monkeypatch.setattr(opt.methods, "run_search", found)
+  monkeypatch.setattr(search.guard, "compare", fake_compare("faster"))  # the guard keeps it
+  monkeypatch.setattr(opt.pipeline, "compare", fake_compare("no change"))  # the file: no gain
+  real_round_trip = onnx_io.round_trip
+
+  def differs(graph, params, **kw):
+    trip = real_round_trip(graph, params, **kw)
+    return dataclasses.replace(trip, exact=False, differences={"Transpose": (0, 2)})
+
+  monkeypatch.setattr(opt.pipeline.onnx_io, "round_trip", differs)
+  out = tmp_path / "out"
+  r = opt.optimize_model(str(source), method="taso", output_dir=out, kernel_table=False,
+                         picture=False, **FAST)
+  assert r.result.options["export_rejected"].endswith("no change")
+  assert r.result.returned_input and r.graph is r.input_graph and not r.rewrites
+  assert r.export["round_trip"] == "differs" and r.export["differences"] == {"Transpose": [0, 2]}
+  assert r.measured.verdict == "unchanged"
+  assert "written file measured" in r.table() and "Transpose 0 -> 2" in r.table()
+  assert (out / "optimized.onnx").read_bytes() == source.read_bytes()
+  data = json.loads((out / "report.json").read_text())
+  assert data["export"]["file_measured"]["verdict"] == "no change"
+  # An exact round trip: the rewritten graph is written, with its guard's verdict.
+  monkeypatch.setattr(opt.pipeline.onnx_io, "round_trip", real_round_trip)
+  r = opt.optimize_model(str(source), method="taso", write=False, kernel_table=False, **FAST)
+  assert r.export["round_trip"] == "exact" and r.rewrites and r.measured.faster
+  assert "written file: re-imports to the graph measured" in r.table()

@@ -2,7 +2,8 @@
 
 from xrlflow_jax.graph.builder import GraphBuilder, Tensor
 from xrlflow_jax.graph.host import (dump, node_signature, num_nodes, op_histogram, permute_slots,
-                                    structural_hash, to_arrays, topological_order, validate)
+                                    runtime_hash, structural_hash, to_arrays, topological_order,
+                                    validate)
 from xrlflow_jax.graph.layout import (DEFAULT_CAPACITY, DEFAULT_MAX_INPUTS, NODE_FIELDS, Graph,
                                       capacity, empty_arrays, from_arrays, input_table, max_inputs,
                                       num_inputs, to_host)
@@ -14,6 +15,6 @@ __all__ = [
     "DEFAULT_CAPACITY", "DEFAULT_MAX_INPUTS", "Graph", "GraphBuilder", "NODE_FIELDS", "ParamStore",
     "Tensor", "allocate_slots", "capacity", "compact", "consumer_counts", "dump", "empty_arrays",
     "from_arrays", "input_table", "live_nodes", "max_inputs", "node_signature", "num_inputs",
-    "num_nodes", "op_histogram", "permute_slots", "remove_dead_code", "structural_hash", "to_arrays", "to_host",
+    "num_nodes", "op_histogram", "permute_slots", "remove_dead_code", "runtime_hash", "structural_hash", "to_arrays", "to_host",
     "topological_order", "validate",
 ]

@@ -240,6 +240,37 @@ def structural_hash(graph: layout.Graph) -> str:
   return total.hexdigest()
 
 
+def runtime_hash(graph: layout.Graph) -> str:
+  """A hex digest of what a graph computes at run time: `structural_hash` with every constant
+  node (a weight, or a value computed from weights only) hashed by its shape and dtype alone.
+
+  Lowering and export evaluate constants before the graph runs, so two graphs with this digest
+  run the same ops on the same shapes: e.g. a rewritten graph whose merged weights are a Concat
+  of two parameters, and its exported file, where that Concat is one folded initializer.
+  """
+  g = _host(graph)
+  nd = g.nodes
+  table = layout.input_table(g)
+  hashes: dict[int, bytes] = {}
+  for v in topological_order(g):
+    if nd["is_constant"][v]:
+      rank = int(nd["rank"][v])
+      h = hashlib.blake2b(b"constant" + np.asarray(
+          [rank, int(nd["dtype"][v]), int(nd["output_index"][v])], np.int64).tobytes()
+          + np.asarray(nd["shape"][v][MAX_RANK - rank:], np.int32).tobytes(), digest_size=16)
+    else:
+      h = hashlib.blake2b(node_signature(g, v), digest_size=16)
+      for u in table[v]:
+        if u >= 0:
+          h.update(hashes[int(u)])
+    hashes[int(v)] = h.digest()
+  total = hashlib.blake2b(digest_size=16)
+  for v, d in sorted(hashes.items(), key=lambda kv: kv[1]):
+    if not nd["is_constant"][v] or nd["output_index"][v] >= 0:
+      total.update(d)
+  return total.hexdigest()
+
+
 def _fmt_attrs(spec: ops.OpSpec, vec: Any) -> str:
   attrs = spec.decode_attrs(vec)
   if spec.code == Op.RESHAPE:

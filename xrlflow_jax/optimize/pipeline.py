@@ -3,17 +3,18 @@ are described in `xrlflow_jax.optimize`)."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import time
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from xrlflow_jax import compilation_cache, cost, executor
+from xrlflow_jax import compilation_cache, cost, executor, onnx_io
 from xrlflow_jax import graph as G
 from xrlflow_jax.cost import calibrate
 from xrlflow_jax.cost import kernel_table as kernel_table_lib
 from xrlflow_jax.errors import MissingWeightsError
-from xrlflow_jax.measure import NumericsCheck, NumericsError, check_numerics
+from xrlflow_jax.measure import NumericsCheck, NumericsError, check_numerics, compare
 from xrlflow_jax.optimize import checks, methods
 from xrlflow_jax.optimize.checks import OptimizeError
 from xrlflow_jax.optimize.methods import BUDGET_OPTION
@@ -85,10 +86,17 @@ def optimize_model(source: str = DEFAULT_MODEL, options: OptimizeOptions | None 
   result, numerics = _guard(loaded, other, found, opts, log)
   times["check+measure" if opts.measure else "check"] = time.perf_counter() - t
 
+  export = None
+  if loaded.kind == "onnx":
+    t = time.perf_counter()
+    result, export = _check_export(loaded, result, opts, log)
+    times["export check"] = time.perf_counter() - t
+
   report = OptimizeReport(
       source=str(source), label=loaded.label, kind=loaded.kind, method=opts.method,
       random_weights=loaded.random_weights, result=result, numerics=numerics, seconds=times,
       params=loaded.params, precision=opts.precision,
+      export=export,
       details={**details, "returned_input": result.returned_input,
                **{k: result.options[k] for k in ("checkpoints", "checkpoint", "measured_guard")
                   if k in result.options}},
@@ -203,6 +211,47 @@ def _guard(loaded: Loaded, other: Loaded | None, found: SearchResult, opts: Opti
         "faster (the first) is returned")
   slot = kept_slot(result)
   return result, cmp.numerics[0 if slot is None else slot]
+
+
+def _check_export(loaded: Loaded, result: SearchResult, opts: OptimizeOptions,
+                  log: Callable[[str], None]) -> tuple[SearchResult, dict[str, Any]]:
+  """What the user takes away is what was measured: the graph returned is written as ONNX and
+  read back (`onnx_io.round_trip`). When the file runs another graph than the one measured
+  (an op with no ONNX form of its own, e.g. a convolution in NHWC written as the NCHW op
+  between transposes), the file's own graph is timed against the input in the same way
+  (`measure.compare`, control copy), and unless it is measured significantly faster (or
+  `keep_slower`), the input is returned instead. Returns (the result, report.json's
+  `export`: "round_trip", its "differences", the file's verdict where it was timed)."""
+  info: dict[str, Any] = {"written": "the input file's graph" if result.returned_input
+                          else "the optimised graph"}
+  if result.returned_input:
+    return result, info
+  trip = onnx_io.round_trip(result.best_graph, loaded.params)
+  info.update({"round_trip": "exact" if trip.exact else "differs",
+               "round_trip_text": trip.describe(),
+               "differences": {op: list(ab) for op, ab in trip.differences.items()}})
+  if trip.exact or not opts.measure:
+    if not trip.exact:
+      log(f"the written file {trip.describe()} (not measured: --nomeasure)")
+    return result, info
+  log(f"the written file {trip.describe()}: timing the file's graph against the input ...")
+  cmp = compare(loaded.graph, [trip.graph], loaded.params, candidate_params=[trip.params],
+                **opts.compare_options())
+  verdict = cmp.speedups[0]
+  info.update({"file_measured": verdict, "file_latency_median_ms": cmp.candidates[0].median_ms,
+               "input_latency_median_ms": cmp.reference.median_ms})
+  _check(cmp.numerics[0])
+  if verdict.faster or opts.keep_slower:
+    log(f"  the written file measured {verdict.describe()}")
+    return dataclasses.replace(result, best_latency=cmp.candidates[0]), info
+  log(f"  the written file measured {verdict.describe()}, not significantly faster than the "
+      "input: the input is written and returned")
+  info["written"] = "the input file's graph (the optimised graph's file was not faster)"
+  kept = dataclasses.replace(
+      result, best_graph=result.input_graph, rewrites=[], best_cost_ms=result.initial_cost_ms,
+      best_latency=result.input_latency, returned_input=True,
+      options={**result.options, "export_rejected": verdict.describe()})
+  return kept, info
 
 
 def _check(numerics: NumericsCheck) -> None:

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
+import onnx
 
 from xrlflow_jax import graph as G
 from xrlflow_jax import onnx_io, visualize
@@ -46,6 +47,10 @@ class OptimizeReport:
       "vs_input" (its Speedup over the input), "returned_vs_it" (the returned graph's Speedup
       over it), "numerics" (its outputs against the input's; None when either file has no
       weight data), "note"}; None when not asked for.
+    export: ONNX inputs: what was written and how it re-imports (`onnx_io.round_trip`):
+      {"written", "round_trip" ("exact" | "differs"), "round_trip_text", "differences",
+      "file_measured" (the file's own graph timed against the input, a Speedup, where it
+      differs)}; None for zoo models.
     output_dir: where files were written ("" when none); files: {kind: path}.
   """
   source: str
@@ -60,6 +65,7 @@ class OptimizeReport:
   precision: str = "highest"
   details: dict[str, Any] = dataclasses.field(default_factory=dict)
   against: dict[str, Any] | None = None
+  export: dict[str, Any] | None = None
   output_dir: str = ""
   files: dict[str, str] = dataclasses.field(default_factory=dict)
 
@@ -120,6 +126,10 @@ class OptimizeReport:
     or None when not measured."""
     if self.result.input_latency is None:
       return None
+    if self.result.returned_input:
+      return Speedup.unchanged()
+    if self.export and self.export.get("file_measured") is not None:
+      return self.export["file_measured"]  # the written file's figure is the one reported
     if self.result.guard is not None:
       return self.result.guard.speedup
     return self.result.measured or Speedup.unchanged()
@@ -161,6 +171,8 @@ class OptimizeReport:
             "returned_vs_it": self.against["returned_vs_it"].to_json(),
             "numerics": (None if self.against["numerics"] is None
                          else dataclasses.asdict(self.against["numerics"]))}),
+        "export": None if self.export is None else _jsonable({
+            k: v.to_json() if isinstance(v, Speedup) else v for k, v in self.export.items()}),
     }
 
   def table(self) -> str:
@@ -192,6 +204,9 @@ class OptimizeReport:
     elif decision is not None and decision.kept == "checkpoint":
       returned = (f": the first {decision.rewrites} of {decision.of} found (all {decision.of} "
                   f"measured {decision.path_speedup.describe()})")
+    elif "export_rejected" in r.options:
+      returned = (f": the optimised graph's written file measured {r.options['export_rejected']},"
+                  " not significantly faster than the input: the input is returned")
     elif r.returned_input:
       returned = ": no rewrite lowered the modelled cost, the input is returned"
     lines += [
@@ -203,6 +218,10 @@ class OptimizeReport:
     ]
     if "cost_model" in self.details:
       lines.append(f"cost model: {self.details['cost_model']}")
+    if self.export is not None and "round_trip_text" in self.export:
+      lines.append(f"written file: {self.export['round_trip_text']}"
+                   + (f"; the file's graph measured {self.export['file_measured'].describe()}"
+                      if self.export.get("file_measured") is not None else ""))
     if self.against is not None:
       lines.append(against_line(self.against))
     lines += [
@@ -260,7 +279,10 @@ def _write_files(report: OptimizeReport, loaded: Loaded, folder: Path, picture: 
   """Writes every output but report.json into `folder`; returns {kind: file name}."""
   files: dict[str, str] = {}
   best = report.graph
-  if loaded.kind == "onnx":
+  if loaded.kind == "onnx" and report.result.returned_input and _self_contained(loaded.path):
+    shutil.copyfile(loaded.path, folder / "optimized.onnx")  # the user's own file, unchanged
+    files["onnx"] = "optimized.onnx"
+  elif loaded.kind == "onnx":
     metadata = {"xrlflow_jax.source": report.source, "xrlflow_jax.method": report.method}
     if loaded.random_weights:  # what the file holds is not the model's weights: say so in it
       metadata["xrlflow_jax.random_weights"] = (
@@ -287,6 +309,12 @@ def _write_files(report: OptimizeReport, loaded: Loaded, folder: Path, picture: 
     else:
       files["picture"] = "graph.png"
   return files
+
+
+def _self_contained(path: str) -> bool:
+  """Whether the ONNX file at `path` holds all its weights (no external data)."""
+  model = onnx.load(path, load_external_data=False)
+  return not any(onnx_io.weights.is_external(t) for t in model.graph.initializer)
 
 
 def default_output_dir(label: str, method: str) -> Path:
