@@ -9,6 +9,7 @@ import onnx
 import pytest
 
 from xrlflow_jax import errors, executor
+from xrlflow_jax import graph as G
 from xrlflow_jax import onnx_io
 from xrlflow_jax.graph import GraphBuilder, host
 
@@ -288,3 +289,25 @@ def test_issue17_ops_round_trip(tmp_path: Path):
 def _ort_outputs_of_model(model: onnx.ModelProto, inputs: list[np.ndarray]) -> list[np.ndarray]:
   session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
   return session.run(None, {i.name: x for i, x in zip(session.get_inputs(), inputs)})
+
+
+def test_round_trip_compares_what_the_file_runs():
+  """A weight computed from weights (a Concat of two parameters) is one folded initializer in the
+  file: the structural hash differs, the run-time hash does not, and the round trip is exact.
+  A fused activation is written as its own node and read back as one: not exact, named."""
+  b = G.GraphBuilder(seed=0)
+  x = b.input((4, 16))
+  w = b.concat([b.weight((16, 8)), b.weight((16, 8))], 1)
+  b.output(b.matmul(x, w))
+  graph, params = b.build(capacity=16)
+  trip = onnx_io.round_trip(graph, params)
+  assert G.structural_hash(trip.graph) != G.structural_hash(graph)
+  assert trip.exact and G.runtime_hash(trip.graph) == G.runtime_hash(graph)
+  assert trip.describe() == "re-imports to the graph measured"
+  b = G.GraphBuilder(seed=0)
+  x = b.input((1, 3, 8, 8))
+  b.output(b.conv2d(x, b.weight((4, 3, 3, 3)), padding=1, activation="relu"))
+  graph, params = b.build(capacity=16)
+  trip = onnx_io.round_trip(graph, params)
+  assert not trip.exact and trip.differences == {"Relu": (0, 1)}
+  assert "Relu 0 -> 1" in trip.describe()
