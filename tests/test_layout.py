@@ -213,10 +213,12 @@ def test_nhwc_graph_exports_to_valid_onnx(tmp_path):
   sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
   (got,) = sess.run(None, {sess.get_inputs()[0].name: x})
   np.testing.assert_allclose(got, executor.run(graph, params, x)[0], rtol=1e-4, atol=1e-5)
-  # The importer reads an NHWC convolution back as written, the NCHW op between transposes: the
-  # file runs another graph than the one found (docs/limits.md), and the round trip says so.
+  # Written as the NCHW ops between tagged transposes, the NHWC nodes are read back as NHWC
+  # nodes: the file re-imports to the graph found (`onnx_io.restore`).
   trip = onnx_io.round_trip(found.best_graph, params)
-  assert not trip.exact and "Transpose" in trip.differences, trip.describe()
+  assert trip.exact, trip.describe()
+  (back,) = executor.run(trip.graph, trip.params, x)
+  np.testing.assert_allclose(back, got, rtol=1e-4, atol=1e-5)
   assert onnx_io.round_trip(graph, params).exact  # the NCHW input re-imports to itself
 
 

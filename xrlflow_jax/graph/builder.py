@@ -101,6 +101,19 @@ class GraphBuilder:
     node = self._nodes[index]
     return Tensor(index, node.shape, node.dtype, node.is_constant)
 
+  def producer(self, t: Tensor) -> tuple[Op, list[Tensor], dict[str, Any]]:
+    """(op, input tensors, decoded attributes) of the node that makes `t`."""
+    node = self._nodes[t.index]
+    return (node.op, [self._tensor(i) for i in node.inputs],
+            ops.get(node.op).decode_attrs(node.attrs))
+
+  def remake(self, t: Tensor, inputs: Sequence[Tensor] | None = None, **attrs: Any) -> Tensor:
+    """A new node like the one that makes `t` (op, name, inputs, attributes) with `inputs`
+    and `attrs` replaced; `t`'s node stays, dead unless something else reads it."""
+    op, old_inputs, old_attrs = self.producer(t)
+    return self.node(op, list(old_inputs if inputs is None else inputs),
+                     name=self._nodes[t.index].name, **{**old_attrs, **attrs})
+
   def _where(self, op: str, name: str) -> str:
     return f"{self.name}: node {len(self._nodes)} '{name}' ({op}): "
 

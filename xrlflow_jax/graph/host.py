@@ -241,8 +241,9 @@ def structural_hash(graph: layout.Graph) -> str:
 
 
 def runtime_hash(graph: layout.Graph) -> str:
-  """A hex digest of what a graph computes at run time: `structural_hash` with every constant
-  node (a weight, or a value computed from weights only) hashed by its shape and dtype alone.
+  """A hex digest of what a graph computes at run time: `structural_hash` over the nodes its
+  outputs read, with every constant node (a weight, or a value computed from weights only)
+  hashed by its shape and dtype alone.
 
   Lowering and export evaluate constants before the graph runs, so two graphs with this digest
   run the same ops on the same shapes: e.g. a rewritten graph whose merged weights are a Concat
@@ -251,8 +252,17 @@ def runtime_hash(graph: layout.Graph) -> str:
   g = _host(graph)
   nd = g.nodes
   table = layout.input_table(g)
+  live = set()  # what the outputs read: dead code does not run
+  stack = [int(v) for v in np.flatnonzero(nd["alive"] & nd["is_output"])]
+  while stack:
+    v = stack.pop()
+    if v not in live:
+      live.add(v)
+      stack.extend(int(u) for u in table[v] if u >= 0)
   hashes: dict[int, bytes] = {}
   for v in topological_order(g):
+    if int(v) not in live:
+      continue
     if nd["is_constant"][v]:
       rank = int(nd["rank"][v])
       h = hashlib.blake2b(b"constant" + np.asarray(

@@ -30,7 +30,8 @@ from xrlflow_jax import ops
 from xrlflow_jax.errors import OnnxExportError, XrlflowError
 from xrlflow_jax.graph import host, layout
 from xrlflow_jax.graph.params import ParamStore
-from xrlflow_jax.onnx_io.common import EXPORT_OPSET, numpy_to_onnx_dtype, unique_name
+from xrlflow_jax.onnx_io.common import (EXPORT_OPSET, FUSED_ACTIVATION, NHWC_LAYOUT,
+                                        numpy_to_onnx_dtype, unique_name)
 from xrlflow_jax.ops import MAX_RANK, Activation, Layout, Op
 from xrlflow_jax.ops.tensor import PAD_MODES
 
@@ -83,8 +84,10 @@ class _Writer:
   def ints(self, values: list[int], base: str) -> str:
     return self.initializer(np.asarray(values, np.int64), base)
 
-  def node(self, op_type: str, inputs: list[str], output: str, **attrs: Any) -> str:
-    self.nodes.append(helper.make_node(op_type, inputs, [output], name=output, **attrs))
+  def node(self, op_type: str, inputs: list[str], output: str, *, doc_string: str = "",
+           **attrs: Any) -> str:
+    self.nodes.append(helper.make_node(op_type, inputs, [output], name=output,
+                                       doc_string=doc_string or None, **attrs))
     return output
 
 
@@ -217,15 +220,16 @@ def _emit(w: _Writer, g: layout.Graph, v: int, ins: list[str], srcs: list[int], 
     _emit_node(w, g, v, ins, srcs, out, a, in_shapes)
     return
   ins, in_shapes = list(ins), list(in_shapes)
-  ins[0] = w.node("Transpose", [ins[0]], w.name(f"{out}/nchw_input"), perm=list(_TO_NCHW))
+  ins[0] = w.node("Transpose", [ins[0]], w.name(f"{out}/nchw_input"), perm=list(_TO_NCHW),
+                  doc_string=NHWC_LAYOUT)
   in_shapes[0] = tuple(in_shapes[0][i] for i in _TO_NCHW)
   if op == Op.CONV2D:
     ins[1] = w.node("Transpose", [ins[1]], w.name(f"{out}/oihw_weight"),
-                    perm=list(_HWIO_TO_OIHW))
+                    perm=list(_HWIO_TO_OIHW), doc_string=NHWC_LAYOUT)
     in_shapes[1] = tuple(in_shapes[1][i] for i in _HWIO_TO_OIHW)
   nchw = w.name(f"{out}/nchw")
   _emit_node(w, g, v, ins, srcs, nchw, dict(a, layout=int(Layout.NCHW)), in_shapes)
-  w.node("Transpose", [nchw], out, perm=list(_TO_NHWC))
+  w.node("Transpose", [nchw], out, perm=list(_TO_NHWC), doc_string=NHWC_LAYOUT)
 
 
 def _emit_node(w: _Writer, g: layout.Graph, v: int, ins: list[str], srcs: list[int], out: str,
@@ -244,7 +248,7 @@ def _emit_node(w: _Writer, g: layout.Graph, v: int, ins: list[str], srcs: list[i
       w.node(op_type, inputs, out, **attrs)
       return
     pre = w.node(op_type, inputs, w.name(f"{out}/pre_activation"), **attrs)
-    w.node(_ACTIVATION_OPS[act], [pre], out)
+    w.node(_ACTIVATION_OPS[act], [pre], out, doc_string=FUSED_ACTIVATION)
 
   if op in _SAME_NAME:
     w.node(_SAME_NAME[op], ins, out)

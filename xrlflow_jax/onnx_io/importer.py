@@ -29,7 +29,7 @@ from xrlflow_jax.errors import (CapacityError, MissingWeightsError, OnnxImportEr
 from xrlflow_jax.graph import layout, transforms
 from xrlflow_jax.graph.builder import GraphBuilder, Tensor
 from xrlflow_jax.graph.params import ParamStore
-from xrlflow_jax.onnx_io import fold, weights
+from xrlflow_jax.onnx_io import fold, restore, weights
 from xrlflow_jax.onnx_io.common import (MAX_OPSET, MIN_OPSET, attributes, default_opset,
                                         onnx_to_numpy_dtype, project_dtype, tensor_to_numpy,
                                         unique_name)
@@ -370,6 +370,7 @@ class _Importer:
     self.unsupported: list[tuple[str, str]] = []
     self.const_names: set[str] = set()
     self.inlined_if = False
+    self.restored = False
 
   # ---------------------------------------------------------------- weights and inputs
   def bind_initializers(self) -> None:
@@ -517,6 +518,12 @@ class _Importer:
                                       if consts else "")))
       self._set_outputs(outputs, [_POISON] * len(outputs))
       return
+    if node.doc_string:  # a node this project's exporter spelled in several
+      restored = restore.restore(self.b, node, inputs, uses)
+      if restored is not None:
+        self.restored = True
+        self._set_outputs(outputs, [restored])
+        return
     ctx = Ctx(self.b, node, attrs, inputs, needed, self.opset, where, self.materialize,
               source_opset=self.source_opset)
     try:
@@ -643,8 +650,8 @@ class _Importer:
     except BUILDER_ERRORS as e:
       raise OnnxImportError(f"{self.label}: {e}") from None
     graph = self.canonical_param_ids(graph)
-    if self.inlined_if:  # what only the branches not taken read is dead
-      graph = layout.to_host(transforms.remove_dead_code(graph))
+    if self.inlined_if or self.restored:  # what only a branch not taken, or a node restored
+      graph = layout.to_host(transforms.remove_dead_code(graph))  # from several, read is dead
     node_names = self.b.node_names
     self.params.node_names = [self.names.get(i, n) for i, n in enumerate(node_names)]
     self.params.source = self.label
