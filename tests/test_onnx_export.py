@@ -12,6 +12,7 @@ from xrlflow_jax import errors, executor
 from xrlflow_jax import graph as G
 from xrlflow_jax import onnx_io
 from xrlflow_jax.graph import GraphBuilder, host
+from xrlflow_jax.ops import Impl, Op
 
 ort = pytest.importorskip("onnxruntime")
 
@@ -312,6 +313,12 @@ def test_round_trip_compares_what_the_file_runs(tmp_path):
   b.output(b.matmul(b.reshape(y, (4, 64)), b.weight((64, 5)), activation="gelu"))
   graph, params = b.build(capacity=16)
   assert onnx_io.round_trip(graph, params).exact
+  # The tap-by-tap kernel of a grouped convolution and of a pool, which ONNX has no word for.
+  tb = G.GraphBuilder(seed=0)
+  y = tb.node(Op.CONV2D, [tb.input((1, 4, 8, 8)), tb.weight((4, 2, 3, 3))], pads=(1, 1, 1, 1),
+              groups=2, activation=1, impl=int(Impl.TAPS))
+  tb.output(tb.node(Op.MAX_POOL, [y], kernel=(2, 2), strides=(2, 2), impl=int(Impl.TAPS)))
+  assert onnx_io.round_trip(*tb.build(capacity=16)).exact
   path = tmp_path / "m.onnx"
   model = onnx_io.save(graph, params, path)
   assert sorted(n.op_type for n in model.graph.node if n.doc_string) == ["Gelu", "Relu"]

@@ -11,11 +11,12 @@ from onnx import helper
 from xrlflow_jax.errors import OnnxImportError
 from xrlflow_jax.ops import DType
 
-# doc_strings of the ONNX nodes the exporter writes for one project node that ONNX spells in
-# several (it has no fused activation and no NHWC convolution, pool or batch norm); the importer
-# reads them back as that node (`onnx_io.restore`).
+# doc_strings of the ONNX nodes the exporter writes for what ONNX cannot say (a fused activation,
+# an NHWC convolution, pool or batch norm, the tap-by-tap kernel); the importer reads them back
+# as the project node they stand for (`onnx_io.restore`).
 FUSED_ACTIVATION = "xrlflow_jax: the activation fused into the node before"
 NHWC_LAYOUT = "xrlflow_jax: NHWC layout of the node between these transposes"
+TAPS_IMPL = "xrlflow_jax: computed tap by tap (impl=taps)"
 
 # Opsets of the default domain the importer reads (older ones, down to 1, are converted to
 # MIN_OPSET by onnx.version_converter first). The light models shipped with the onnx package

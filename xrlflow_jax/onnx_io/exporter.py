@@ -31,8 +31,8 @@ from xrlflow_jax.errors import OnnxExportError, XrlflowError
 from xrlflow_jax.graph import host, layout
 from xrlflow_jax.graph.params import ParamStore
 from xrlflow_jax.onnx_io.common import (EXPORT_OPSET, FUSED_ACTIVATION, NHWC_LAYOUT,
-                                        numpy_to_onnx_dtype, unique_name)
-from xrlflow_jax.ops import MAX_RANK, Activation, Layout, Op
+                                        TAPS_IMPL, numpy_to_onnx_dtype, unique_name)
+from xrlflow_jax.ops import MAX_RANK, Activation, Impl, Layout, Op
 from xrlflow_jax.ops.tensor import PAD_MODES
 
 _TWO_GB = 2 ** 31 - 1
@@ -242,12 +242,15 @@ def _emit_node(w: _Writer, g: layout.Graph, v: int, ins: list[str], srcs: list[i
   in_ranks = [int(nd["rank"][u]) for u in srcs]
   out_dtype = ops.numpy_dtype(int(nd["dtype"][v]))
 
+  # ONNX has no kernel choice: the tap-by-tap implementation is said in the node's doc_string.
+  impl = TAPS_IMPL if a.get("impl", Impl.XLA) == Impl.TAPS else ""
+
   def with_activation(op_type: str, inputs: list[str], **attrs: Any) -> None:
     act = Activation(int(a["activation"]))
     if act == Activation.NONE:
-      w.node(op_type, inputs, out, **attrs)
+      w.node(op_type, inputs, out, doc_string=impl, **attrs)
       return
-    pre = w.node(op_type, inputs, w.name(f"{out}/pre_activation"), **attrs)
+    pre = w.node(op_type, inputs, w.name(f"{out}/pre_activation"), doc_string=impl, **attrs)
     w.node(_ACTIVATION_OPS[act], [pre], out, doc_string=FUSED_ACTIVATION)
 
   if op in _SAME_NAME:
@@ -316,7 +319,8 @@ def _emit_node(w: _Writer, g: layout.Graph, v: int, ins: list[str], srcs: list[i
                  dilations=[max(int(d), 1) for d in a["dilations"]])
     if op == Op.AVG_POOL:
       attrs["count_include_pad"] = int(a["count_include_pad"])
-    w.node("MaxPool" if op == Op.MAX_POOL else "AveragePool", ins, out, **attrs)
+    w.node("MaxPool" if op == Op.MAX_POOL else "AveragePool", ins, out, doc_string=impl,
+           **attrs)
   elif op == Op.CONCAT:
     w.node("Concat", ins, out, axis=a["axis"])
   elif op == Op.SLICE:

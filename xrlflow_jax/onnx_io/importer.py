@@ -540,6 +540,11 @@ class _Importer:
     for name, value, need in zip(outputs, outs, needed):
       if need and value is None:
         raise OnnxImportError(f"{where}output '{name}' is not produced")
+    if node.doc_string and outs:
+      remade = restore.restore_impl(self.b, node, outs[0])
+      if remade is not None:
+        self.restored = True
+        outs = [remade] + list(outs[1:])
     self._set_outputs(outputs, outs)
 
   def _inline_if(self, node: onnx.NodeProto, inputs: list[Any], where: str) -> None:

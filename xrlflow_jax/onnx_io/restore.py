@@ -6,7 +6,8 @@ two Transposes, and tags those ONNX nodes (`common.FUSED_ACTIVATION`, `common.NH
 their doc_string). The importer calls `restore` on each tagged node: where the tagged node
 and the node before it still have the exporter's shape (the inner result read by nothing
 else), it builds the one project node again, so a file this project wrote re-imports to the
-graph it was written from. Files written by other tools carry no tags and import as written.
+graph it was written from. A kernel choice ONNX has no attribute for (`common.TAPS_IMPL`) is restored on the converted node
+(`restore_impl`). Files written by other tools carry no tags and import as written.
 """
 
 from __future__ import annotations
@@ -16,8 +17,8 @@ from typing import Any, Mapping
 import onnx
 
 from xrlflow_jax.graph.builder import GraphBuilder, Tensor
-from xrlflow_jax.onnx_io.common import FUSED_ACTIVATION, NHWC_LAYOUT
-from xrlflow_jax.ops import Activation, Layout, Op
+from xrlflow_jax.onnx_io.common import FUSED_ACTIVATION, NHWC_LAYOUT, TAPS_IMPL
+from xrlflow_jax.ops import Activation, Impl, Layout, Op
 
 _ACTIVATIONS = {"Relu": Activation.RELU, "Sigmoid": Activation.SIGMOID,
                 "Tanh": Activation.TANH, "Gelu": Activation.GELU}
@@ -57,6 +58,17 @@ def restore(b: GraphBuilder, node: onnx.NodeProto, inputs: list[Any],
   if op == Op.CONV2D:
     new[1] = b.transpose(ins[1], _OIHW_TO_HWIO)
   return b.remake(x, new, layout=int(Layout.NHWC))
+
+
+def restore_impl(b: GraphBuilder, node: onnx.NodeProto, out: Any) -> Tensor | None:
+  """The converted output `out` of a node tagged `TAPS_IMPL` remade with impl=taps (None when
+  `node` is not so tagged or `out` is not a node with that attribute)."""
+  if node.doc_string != TAPS_IMPL or not isinstance(out, Tensor):
+    return None
+  _, _, attrs = b.producer(out)
+  if "impl" not in attrs:
+    return None
+  return b.remake(out, impl=int(Impl.TAPS))
 
 
 def _perm(node: onnx.NodeProto) -> tuple[int, ...]:
