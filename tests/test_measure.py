@@ -259,6 +259,31 @@ def test_compare_a_graph_with_its_own_weights_and_candidates_against_each_other(
     measure.compare(wide, [narrow], wide_params, rounds=5, candidate_params=[None, None])
 
 
+def test_compare_in_onnxruntime_times_exported_graphs_and_the_users_file(tmp_path):
+  """runtime="onnxruntime": each graph runs as an onnxruntime session on the same inputs, with
+  the same statistics; `reference_model` times a file (the user's own) as the reference."""
+  pytest.importorskip("onnxruntime")
+  from xrlflow_jax import errors, onnx_io  # pylint: disable=g-import-not-at-top
+  slow, params = _chain(16)
+  fast, _ = _chain(1)
+  cmp = measure.compare(slow, [fast, slow], params, rounds=8, repeats_per_round=3,
+                        min_round_ms=0, tolerance=TOL, runtime="onnxruntime")
+  assert cmp.reference.backend == "onnxruntime"
+  assert cmp.reference.device_kind.endswith("ExecutionProvider")
+  assert cmp.speedups[0].verdict == "faster" and cmp.speedups[0].ratio > 2, cmp.speedups[0]
+  assert cmp.speedups[1].verdict == "unchanged"
+  assert not cmp.numerics[0].passed and cmp.numerics[1].passed  # 0.5 x against 0.5^16 x
+  path = tmp_path / "slow.onnx"
+  onnx_io.save(slow, params, path)
+  cmp = measure.compare(slow, [fast], params, rounds=6, repeats_per_round=2, min_round_ms=0,
+                        tolerance=TOL, runtime="onnxruntime", reference_model=str(path))
+  assert cmp.speedups[0].faster and cmp.control.backend == "onnxruntime"
+  with pytest.raises(measure.MeasurementError, match="onnxruntime only"):
+    measure.compare(slow, [fast], params, rounds=5, reference_model=str(path))
+  with pytest.raises(errors.UsageError, match="unknown runtime 'tvm'"):
+    measure.compare(slow, [fast], params, rounds=5, runtime="tvm")
+
+
 def test_compare_runs_a_fast_graph_more_times_per_round():
   """A round of a sub-millisecond graph lasts about min_round_ms, not 3 runs; every graph of
   the comparison runs the same count (the rounds stay paired)."""

@@ -617,3 +617,36 @@ def test_the_file_written_is_the_graph_measured(zoo_report, tmp_path, monkeypatc
   r = opt.optimize_model(str(source), method="taso", write=False, kernel_table=False, **FAST)
   assert r.export["round_trip"] == "exact" and r.rewrites and r.measured.faster
   assert "written file: re-imports to the graph measured" in r.table()
+
+
+def test_target_onnxruntime_judges_the_result_against_the_users_file(zoo_report, tmp_path,
+                                                                      monkeypatch):
+  """--target=onnxruntime: the guard times every graph as an onnxruntime session, the input as
+  the user's own file; what is written is the graph judged, or that very file."""
+  pytest.importorskip("onnxruntime")
+  from xrlflow_jax import onnx_io  # pylint: disable=g-import-not-at-top
+  report, _ = zoo_report
+  source = tmp_path / "input.onnx"
+  onnx_io.save(report.input_graph, report.params, source)
+  seen = []
+  real_compare = search.guard.compare
+
+  def spy(*args, **kwargs):
+    seen.append((kwargs.get("runtime"), kwargs.get("reference_model")))
+    return real_compare(*args, **kwargs)
+
+  monkeypatch.setattr(search.guard, "compare", spy)
+  out = tmp_path / "out"
+  r = opt.optimize_model(str(source), method="taso", budget=3, rules=RULES, output_dir=out,
+                         target="onnxruntime", kernel_table=False, picture=False, **FAST)
+  assert seen == [("onnxruntime", str(source))]
+  assert r.latency_before.backend == "onnxruntime" and "onnxruntime latency" in r.table()
+  assert r.numerics.passed
+  if r.result.returned_input:  # never slower than the input: it is the input
+    assert (out / "optimized.onnx").read_bytes() == source.read_bytes()
+  else:
+    assert r.measured.faster and r.export["round_trip"] == "exact"
+  for bad, message in ((dict(measure=False, target="onnxruntime"), "needs --measure"),
+                       (dict(target="tvm"), "unknown runtime 'tvm'")):
+    with pytest.raises(opt.OptimizeError, match=message):
+      opt.optimize_model(str(source), method="greedy", write=False, **bad)

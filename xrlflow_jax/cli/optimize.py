@@ -56,6 +56,10 @@ _TIMING = cli_flags.define_timing_flags(rounds_name="latency_rounds", looks_name
 _PICTURE = flags.DEFINE_bool("picture", True, "Draw graph.png.")
 _KEEP_SLOWER = flags.DEFINE_bool("keep_slower", False, "Keep the optimised graph even when XLA "
                                  "measures it no faster than the input (default: keep the input).")
+_TARGET = flags.DEFINE_enum(
+    "target", "xla", ["xla", "onnxruntime"], "The runtime the result is measured in and judged "
+    "by: xla (XLA executables) or onnxruntime (sessions with all graph optimisations; the "
+    "input timed as your own file, so what is written is never slower than it there).")
 _RANDOM_WEIGHTS = flags.DEFINE_bool(
     "random_weights", False, "Run a graph-only ONNX file (its external data file absent, as in "
     "../shared/models) on seeded random weights; the written optimized.onnx then holds them and "
@@ -111,7 +115,8 @@ def main(argv: Sequence[str]) -> None:
         keep_slower=_KEEP_SLOWER.value, compilation_cache_dir=_CACHE.value or None,
         cost_coefficients=_COEFFS.value or None, precision=_PRECISION.value,
         kernel_table=_KERNELS.value, against=_AGAINST.value or None,
-        checkpoints=_CHECKPOINTS.value, random_weights=_RANDOM_WEIGHTS.value)
+        checkpoints=_CHECKPOINTS.value, random_weights=_RANDOM_WEIGHTS.value,
+        target=_TARGET.value)
     report = opt.optimize_model(source, options)
   except UsageError as e:  # bad input: one line, no usage text, no traceback
     raise SystemExit(f"error: {e}") from None

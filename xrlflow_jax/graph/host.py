@@ -281,7 +281,8 @@ def runtime_hash(graph: layout.Graph) -> str:
   return total.hexdigest()
 
 
-def _fmt_attrs(spec: ops.OpSpec, vec: Any) -> str:
+def attrs_text(spec: ops.OpSpec, vec: Any) -> str:
+  """" {name=value, ...}" of a node's non-default attributes ("" when all are defaults)."""
   attrs = spec.decode_attrs(vec)
   if spec.code == Op.RESHAPE:
     attrs = {"shape": list(attrs["shape"][MAX_RANK - attrs["rank"]:])}
@@ -320,7 +321,7 @@ def dump(graph: layout.Graph, names: list[str] | None = None) -> str:
     if names is not None and v < len(names):
       extra.append(names[v])
     note = f"  # {', '.join(extra)}" if extra else ""
-    lines.append(f"%{int(v)} = {spec.name}({args}){_fmt_attrs(spec, nd['attrs'][v])} : {ty}{note}")
+    lines.append(f"%{int(v)} = {spec.name}({args}){attrs_text(spec, nd['attrs'][v])} : {ty}{note}")
   return "\n".join(lines)
 
 

@@ -5,7 +5,7 @@ speed claim (the statistic is `measure.verdict`'s)."""
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -13,7 +13,7 @@ from xrlflow_jax import executor
 from xrlflow_jax.graph import host as graph_host
 from xrlflow_jax.graph import layout
 from xrlflow_jax.graph.params import ParamStore
-from xrlflow_jax.measure import latency
+from xrlflow_jax.measure import latency, ort
 
 from xrlflow_jax.measure.numerics import NumericsCheck, compare_outputs
 from xrlflow_jax.measure.verdict import (LEVEL, MIN_ROUNDS, MeasurementError, Speedup,
@@ -91,7 +91,8 @@ def compare(reference: layout.Graph, candidates: Sequence[layout.Graph], params:
             tolerance: float | None = None, time_unchanged: bool = False,
             precision: str | None = None,
             candidate_params: Sequence[ParamStore | None] | None = None,
-            level: float = LEVEL, looks: int = 1) -> Comparison:
+            level: float = LEVEL, looks: int = 1, runtime: str = "xla",
+            reference_model: Any = None) -> Comparison:
   """Times `candidates` against `reference` side by side, with an identical copy as control.
 
   Each graph runs `repeats_per_round` times per round, or more for a fast reference so that a
@@ -117,11 +118,20 @@ def compare(reference: layout.Graph, candidates: Sequence[layout.Graph], params:
   another optimiser's output for the same model): it is always compiled and timed, and must
   take the reference's inputs (same count, shapes and dtypes), which it is given.
 
+  `runtime`: "xla" (compiled executables on `backend`'s device) or "onnxruntime" (each graph
+  exported and run as an onnxruntime session, `measure.ort`; the same inputs, rounds and
+  statistics). `reference_model` (onnxruntime only): the ONNX file (path or bytes) timed as the
+  reference and its identical copy instead of the reference graph's export, e.g. the user's
+  own file, so a candidate is judged against what the user already has.
+
   Raises:
     MeasurementError: bad settings, or a candidate with its own weights that takes other
       inputs. BackendError, DeviceMemoryError: see `measure.latency`.
   """
   check_settings(rounds, repeats_per_round, warmup, min_round_ms, looks)
+  ort.check_runtime(runtime)
+  if reference_model is not None and runtime != "onnxruntime":
+    raise MeasurementError("a reference model file is timed by onnxruntime only")
   level = look_level(level, looks)
   own = list(candidate_params) if candidate_params is not None else [None] * len(candidates)
   if len(own) != len(candidates):
@@ -146,15 +156,19 @@ def compare(reference: layout.Graph, candidates: Sequence[layout.Graph], params:
     if h not in slot:
       slot[h] = 2 + len(changed)
       changed.append((i, g))
-  compiled = [latency.compile_graph(reference, params, device=device, seed=seed,
-                                    precision=precision, what="the reference graph")]
+  def build(g: layout.Graph, p: ParamStore, what: str, model: Any = None
+            ) -> latency.CompiledGraph:
+    if runtime == "onnxruntime":
+      return ort.compile_onnxruntime(g, p, seed=seed, model=model, what=what)
+    return latency.compile_graph(g, p, device=device, seed=seed, precision=precision,
+                                 what=what)
+
+  compiled = [build(reference, params, "the reference graph", reference_model)]
   if changed:
-    compiled.append(latency.compile_graph(reference, params, device=device, seed=seed,
-                                          precision=precision,
-                                          what="the reference's identical copy"))
+    compiled.append(build(reference, params, "the reference's identical copy",
+                          reference_model))
   for i, g in changed:
-    c = latency.compile_graph(g, params if own[i] is None else own[i], device=device,
-                              seed=seed, precision=precision, what=f"candidate {i}")
+    c = build(g, params if own[i] is None else own[i], f"candidate {i}")
     if own[i] is not None:  # the reference's inputs (equal specs; index bounds may differ)
       c = dataclasses.replace(c, args=(c.args[0], *compiled[0].args[1:]))
     compiled.append(c)

@@ -44,7 +44,8 @@ class LatencyStats:
     median_ms, q1_ms, q3_ms: median and quartiles of the timed runs.
     runs: number of timed runs.
     compile_s: lowering + XLA compile time (never part of the timed runs).
-    backend: JAX platform ("cpu", "gpu", ...); device_kind: e.g. "cpu" or "NVIDIA H200".
+    backend: JAX platform ("cpu", "gpu", ...), or "onnxruntime"; device_kind: e.g. "cpu",
+      "NVIDIA H200", or onnxruntime's execution provider.
   """
   median_ms: float
   q1_ms: float
@@ -99,12 +100,16 @@ class CompiledGraph:
   Attributes:
     fn: the XLA executable; args: folded constants then fixed random inputs, on the device.
     compile_s: lowering + compile time; device: where it runs; nbytes: bytes of `args`.
+    backend, device_kind: what `LatencyStats` reports ("": the device's platform and kind;
+      another runtime's, e.g. "onnxruntime" and its execution provider: `measure.ort`).
   """
   fn: Any
   args: tuple[Any, ...]
   compile_s: float
   device: jax.Device
   nbytes: int
+  backend: str = ""
+  device_kind: str = ""
 
 
 def compile_graph(graph: layout.Graph, params: ParamStore, *, backend: str | None = None,
@@ -139,7 +144,8 @@ def compile_graph(graph: layout.Graph, params: ParamStore, *, backend: str | Non
 def _stats(times: np.ndarray, compiled: CompiledGraph) -> LatencyStats:
   q1, med, q3 = np.percentile(times, [25, 50, 75])
   return LatencyStats(float(med), float(q1), float(q3), int(times.size), compiled.compile_s,
-                      compiled.device.platform, compiled.device.device_kind)
+                      compiled.backend or compiled.device.platform,
+                      compiled.device_kind or compiled.device.device_kind)
 
 
 def _time_compiled(compiled: CompiledGraph, what: str, *, warmup: int, repeats: int,

@@ -8,6 +8,8 @@ import os
 import tempfile
 from typing import Mapping
 
+import numpy as np
+
 from xrlflow_jax import ops
 from xrlflow_jax.graph import host as graph_host
 from xrlflow_jax.graph import layout
@@ -25,7 +27,8 @@ class RoundTrip:
     exact: the file runs what the graph runs (`graph.runtime_hash` equal: the same ops on the
       same shapes; constants, folded into initializers on export, compare by shape).
     differences: {op: (count in the graph, count in the file re-imported)} of the run-time
-      (non-constant) ops whose counts differ; empty when `exact`.
+      (non-constant) ops whose counts differ, or where every op count agrees, of the ops with
+      their attributes ("Conv2D {impl=1}"); empty when `exact`.
   """
   graph: layout.Graph
   params: ImportedParams
@@ -38,19 +41,20 @@ class RoundTrip:
     if self.exact:
       return "re-imports to the graph measured"
     if not self.differences:
-      return "re-imports to another graph with the same op counts (wired differently)"
+      return "re-imports to another graph with the same ops and attributes (wired differently)"
     return "re-imports to another graph (" + ", ".join(
         f"{op} {a} -> {b}" for op, (a, b) in sorted(self.differences.items())) + ")"
 
 
-def runtime_ops(graph: layout.Graph) -> dict[str, int]:
-  """Counts of the alive run-time (non-constant) nodes per op name."""
+def runtime_ops(graph: layout.Graph, attrs: bool = False) -> dict[str, int]:
+  """Counts of the alive run-time (non-constant) nodes per op name (with `attrs`, per op and
+  its non-default attributes, e.g. "Conv2D {pads=(1, 1, 1, 1), layout=1}")."""
   g = layout.to_host(graph)
   nd = g.nodes
-  keep = nd["alive"] & ~nd["is_constant"]
   out: dict[str, int] = {}
-  for code in nd["op"][keep]:
-    name = ops.get(int(code)).name
+  for v in np.flatnonzero(nd["alive"] & ~nd["is_constant"]):
+    spec = ops.get(int(nd["op"][v]))
+    name = spec.name + (graph_host.attrs_text(spec, nd["attrs"][v]) if attrs else "")
     out[name] = out.get(name, 0) + 1
   return out
 
@@ -64,7 +68,11 @@ def round_trip(graph: layout.Graph, params: ParamStore, *,
     save(graph, params, path, metadata=metadata)
     back, back_params = load(path)
   exact = graph_host.runtime_hash(back) == graph_host.runtime_hash(graph)
-  a, b = runtime_ops(graph), runtime_ops(back)
-  differences = {} if exact else {op: (a.get(op, 0), b.get(op, 0)) for op in set(a) | set(b)
-                                  if a.get(op, 0) != b.get(op, 0)}
+  differences: dict[str, tuple[int, int]] = {}
+  for with_attrs in (False, True):  # op counts first; where they agree, ops with attributes
+    if exact or differences:
+      break
+    a, b = runtime_ops(graph, with_attrs), runtime_ops(back, with_attrs)
+    differences = {op: (a.get(op, 0), b.get(op, 0)) for op in set(a) | set(b)
+                   if a.get(op, 0) != b.get(op, 0)}
   return RoundTrip(back, back_params, exact, differences)

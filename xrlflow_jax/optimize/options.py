@@ -7,6 +7,8 @@ import dataclasses
 import os
 from typing import Any, Mapping, Sequence
 
+from xrlflow_jax.errors import UsageError
+from xrlflow_jax.measure import ort
 from xrlflow_jax.measure.guard import DEFAULT_CHECKPOINTS
 from xrlflow_jax.ops import precision as precision_lib
 from xrlflow_jax.optimize import checks
@@ -62,6 +64,12 @@ class OptimizeOptions:
       fastest of them and the whole path among those measured significantly faster, every
       verdict at the level 1 - 0.05 / (1 + checkpoints) (0: the whole path alone); for "ppo",
       prefixes of the returned path (the policy's or training's best).
+    target: the runtime the result is measured in, and so judged by: "xla" (XLA executables,
+      CPU or GPU) or "onnxruntime" (onnxruntime sessions with all its graph optimisations, the
+      CUDA execution provider where present, else the CPU one: `measure.ort`). Under
+      "onnxruntime" an ONNX input is timed as the user's own file, so the result written is
+      never slower than it in onnxruntime (the input is returned otherwise). The searches cost
+      with the XLA-measured kernel table either way.
     random_weights: run an ONNX file whose external data is absent (a graph-only file) on
       seeded random weights (`workflow.load`); the report and the written file's metadata say
       so. False: such a file (the model or `against`) is refused, naming the missing file.
@@ -91,6 +99,7 @@ class OptimizeOptions:
   against: str | None = None
   checkpoints: int = DEFAULT_CHECKPOINTS
   random_weights: bool = False
+  target: str = "xla"
 
   @classmethod
   def of(cls, options: OptimizeOptions | None = None, **settings: Any) -> OptimizeOptions:
@@ -117,6 +126,13 @@ class OptimizeOptions:
         or self.checkpoints < 0:
       raise OptimizeError(f"checkpoints must be >= 0 (prefixes timed beside the found graph), "
                           f"got {self.checkpoints!r}")
+    try:
+      ort.check_runtime(self.target)
+    except UsageError as e:
+      raise OptimizeError(f"{e} (--target)") from None
+    if self.target != "xla" and not self.measure:
+      raise OptimizeError(f"--target={self.target} judges the result by measuring it: it "
+                          "needs --measure")
     policy = precision_lib.check(self.precision)
     tolerance = precision_lib.tolerance(policy) if self.tolerance is None else self.tolerance
     return dataclasses.replace(self, input_shapes=shapes, precision=policy,
@@ -126,4 +142,5 @@ class OptimizeOptions:
     """The keyword options of `measure.compare` (and so of the measured guard) these give."""
     return {"rounds": self.latency_rounds, "looks": self.latency_looks,
             "repeats_per_round": self.repeats_per_round, "min_round_ms": self.min_round_ms,
-            "seed": self.seed, "tolerance": self.tolerance, "precision": self.precision}
+            "seed": self.seed, "tolerance": self.tolerance, "precision": self.precision,
+            "runtime": self.target}

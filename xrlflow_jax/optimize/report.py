@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
-import onnx
 
 from xrlflow_jax import graph as G
 from xrlflow_jax import onnx_io, visualize
@@ -135,6 +134,12 @@ class OptimizeReport:
     return self.result.measured or Speedup.unchanged()
 
   @property
+  def runtime(self) -> str:
+    """"XLA" or "onnxruntime": where the latencies were measured."""
+    stats = self.latency_before
+    return "onnxruntime" if stats is not None and stats.backend == "onnxruntime" else "XLA"
+
+  @property
   def modelled_speedup(self) -> float:
     return self.cost_before_ms / self.cost_after_ms if self.cost_after_ms > 0 else 1.0
 
@@ -185,7 +190,8 @@ class OptimizeReport:
         ("", "before", "after"),
         ("nodes", str(self.nodes_before), str(self.nodes_after)),
         ("modelled cost", f"{self.cost_before_ms:.4f} ms", f"{self.cost_after_ms:.4f} ms"),
-        ("XLA latency (median ± IQR/2)", lat(self.latency_before), lat(self.latency_after)),
+        (f"{self.runtime} latency (median ± IQR/2)", lat(self.latency_before),
+         lat(self.latency_after)),
     ]
     w0 = max(len(r[0]) for r in rows)
     w1 = max(len(r[1]) for r in rows)
@@ -279,7 +285,8 @@ def _write_files(report: OptimizeReport, loaded: Loaded, folder: Path, picture: 
   """Writes every output but report.json into `folder`; returns {kind: file name}."""
   files: dict[str, str] = {}
   best = report.graph
-  if loaded.kind == "onnx" and report.result.returned_input and _self_contained(loaded.path):
+  if loaded.kind == "onnx" and report.result.returned_input \
+      and onnx_io.weights.self_contained(loaded.path):
     shutil.copyfile(loaded.path, folder / "optimized.onnx")  # the user's own file, unchanged
     files["onnx"] = "optimized.onnx"
   elif loaded.kind == "onnx":
@@ -309,12 +316,6 @@ def _write_files(report: OptimizeReport, loaded: Loaded, folder: Path, picture: 
     else:
       files["picture"] = "graph.png"
   return files
-
-
-def _self_contained(path: str) -> bool:
-  """Whether the ONNX file at `path` holds all its weights (no external data)."""
-  model = onnx.load(path, load_external_data=False)
-  return not any(onnx_io.weights.is_external(t) for t in model.graph.initializer)
 
 
 def default_output_dir(label: str, method: str) -> Path:
