@@ -125,7 +125,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("trace_cache",),
     ("graph",),
     ("executor", "models", "visualize"),
-    ("measure", "onnx_io", "rules"),
+    ("measure", "onnx_io", "jax_io", "rules"),
     ("workflow", "env"),
     ("cost",),
     ("agents",),

@@ -92,7 +92,7 @@ def check_output_dir(path: str | os.PathLike) -> Path:
   return out
 
 
-def check_request(source: str, *, method: str, size: str,
+def check_request(source: str | None, *, method: str, size: str,
                   input_shapes: Mapping[str, Sequence[int]] | None, output_dir: Any,
                   budget: int | None, capacity: int | None, latency_rounds: int,
                   repeats_per_round: int, tolerance: float | None, write: bool,
@@ -100,7 +100,8 @@ def check_request(source: str, *, method: str, size: str,
                   against: str | None = None, measure: bool = True,
                   latency_looks: int = 1) -> dict[str, tuple[int, ...]]:
   """Every argument of `optimize_model` that can be checked without loading: OptimizeError
-  (or MeasurementError) naming the argument. Returns the input shapes as int tuples."""
+  (or MeasurementError) naming the argument (`source` None: a model given as a graph). Returns
+  the input shapes as int tuples."""
   if method not in METHODS:
     raise OptimizeError(f"unknown method {method!r}; methods are {', '.join(METHODS)}")
   if size not in SIZES:
@@ -124,9 +125,11 @@ def check_request(source: str, *, method: str, size: str,
   shapes = {}
   for name, dims in dict(input_shapes or {}).items():
     shapes[str(name)] = check_shape(str(name), dims)
-  spec = resolve(source, size)  # LoadError: unknown name, a folder, a missing file
-  if shapes and not spec.is_onnx:
-    raise OptimizeError("input shapes apply to ONNX files only; zoo models have fixed shapes")
+  # A model given as a graph (a traced JAX function) has fixed shapes and nothing to resolve.
+  is_onnx = source is not None and resolve(source, size).is_onnx  # LoadError: unknown name...
+  if shapes and not is_onnx:
+    raise OptimizeError("input shapes apply to ONNX files only; zoo models and traced "
+                        "functions have fixed shapes")
   if against is not None:
     if not measure:
       raise OptimizeError("a graph to time against (--against) needs the latency measurement "

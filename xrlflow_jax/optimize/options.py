@@ -111,12 +111,13 @@ class OptimizeOptions:
                           "of OptimizeOptions")
     return dataclasses.replace(options or cls(), **settings)
 
-  def checked(self, source: str) -> OptimizeOptions:
-    """These options with every one that can be checked without loading checked
+  def checked(self, source: str | None) -> OptimizeOptions:
+    """These options (for `source`; None: a model given as a graph) with every one that can be
+    checked without loading checked
     (`checks.check_request`: OptimizeError naming the option at fault), input shapes as int
     tuples, the precision policy and the tolerance resolved."""
     shapes = checks.check_request(
-        str(source), method=self.method, size=self.size, input_shapes=self.input_shapes,
+        None if source is None else str(source), method=self.method, size=self.size, input_shapes=self.input_shapes,
         output_dir=self.output_dir, budget=self.budget, capacity=self.capacity,
         latency_rounds=self.latency_rounds, repeats_per_round=self.repeats_per_round,
         min_round_ms=self.min_round_ms, tolerance=self.tolerance, precision=self.precision,

@@ -51,26 +51,29 @@ def _coefficients(path: str) -> cost.CostCoefficients:
   return calibrate.coefficients(path or None)
 
 
-def optimize_model(source: str = DEFAULT_MODEL, options: OptimizeOptions | None = None, *,
-                   log: Callable[[str], None] = print, **settings: Any) -> OptimizeReport:
+def optimize_model(source: str | Loaded = DEFAULT_MODEL, options: OptimizeOptions | None = None,
+                   *, log: Callable[[str], None] = print, **settings: Any) -> OptimizeReport:
   """Optimises a model and writes the result with its evidence (see the package docstring).
 
     report = optimize_model("squeezenet1_1", method="greedy", output_dir="/tmp/o")
     report = optimize_model(path, OptimizeOptions(method="taso", budget=50))
 
   Args:
-    source: a zoo model name or an .onnx path.
+    source: a zoo model name, an .onnx path, or a model already loaded (`workflow.Loaded`,
+      e.g. a traced JAX function: `optimize_jax`).
     options: the job's settings (`OptimizeOptions`; default: its defaults), with `settings`
       (its field names) replaced.
     log: where progress lines go.
   Raises:
     OptimizeError (bad input), OnnxImportError, NumericsError (nothing written), SearchError.
   """
-  opts = OptimizeOptions.of(options, **settings).checked(str(source))
+  given = source if isinstance(source, Loaded) else None
+  source = given.label if given else str(source)
+  opts = OptimizeOptions.of(options, **settings).checked(None if given else source)
   cache_dir = compilation_cache.enable(opts.compilation_cache_dir)
   times: dict[str, float] = {}
   t = time.perf_counter()
-  loaded, other = _load(str(source), opts, log)
+  loaded, other = _load(given or source, opts, log)
   out = Path(opts.output_dir) if opts.output_dir else default_output_dir(loaded.label,
                                                                           opts.method)
   if opts.write:
@@ -108,13 +111,13 @@ def optimize_model(source: str = DEFAULT_MODEL, options: OptimizeOptions | None 
   return report
 
 
-def _load(source: str, opts: OptimizeOptions, log: Callable[[str], None]
+def _load(source: str | Loaded, opts: OptimizeOptions, log: Callable[[str], None]
           ) -> tuple[Loaded, Loaded | None]:
-  """The model, checked to fit in memory, and the `against` graph (None when not asked for),
-  refused before any search when it takes other inputs."""
-  loaded = load_source(source, size=opts.size, input_shapes=opts.input_shapes,
-                       capacity=opts.capacity, seed=opts.seed,
-                       random_weights=opts.random_weights)
+  """The model (loaded here, or as given), checked to fit in memory, and the `against` graph
+  (None when not asked for), refused before any search when it takes other inputs."""
+  loaded = source if isinstance(source, Loaded) else load_source(
+      source, size=opts.size, input_shapes=opts.input_shapes, capacity=opts.capacity,
+      seed=opts.seed, random_weights=opts.random_weights)
   checks.check_memory(loaded)
   log(f"loaded {loaded.label} ({loaded.kind}): {G.num_nodes(loaded.graph)} nodes, capacity "
       f"{G.capacity(loaded.graph)}" + (f"; {loaded.random_weights} initializers given random "
@@ -128,7 +131,7 @@ def _load(source: str, opts: OptimizeOptions, log: Callable[[str], None]
                       random_weights=opts.random_weights)
   mismatch = executor.input_mismatch(loaded.graph, other.graph)
   if mismatch:
-    raise OptimizeError(f"--against {opts.against} takes other inputs than {source}: "
+    raise OptimizeError(f"--against {opts.against} takes other inputs than {loaded.label}: "
                         f"{mismatch}")
   log(f"loaded {opts.against} to time against: {G.num_nodes(other.graph)} nodes"
       + (f"; {other.random_weights} initializers given random weights" if other.random_weights
