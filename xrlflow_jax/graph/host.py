@@ -225,19 +225,7 @@ def structural_hash(graph: layout.Graph) -> str:
   over the DAG); the graph hash covers the sorted multiset of alive node hashes, so two graphs
   get the same digest exactly when they are the same DAG up to renumbering of slots.
   """
-  g = _host(graph)
-  table = layout.input_table(g)
-  hashes: dict[int, bytes] = {}
-  for v in topological_order(g):
-    h = hashlib.blake2b(node_signature(g, v), digest_size=16)
-    for u in table[v]:
-      if u >= 0:
-        h.update(hashes[int(u)])
-    hashes[int(v)] = h.digest()
-  total = hashlib.blake2b(digest_size=16)
-  for d in sorted(hashes.values()):
-    total.update(d)
-  return total.hexdigest()
+  return _digest(_host(graph), runtime=False)
 
 
 def runtime_hash(graph: layout.Graph) -> str:
@@ -249,21 +237,26 @@ def runtime_hash(graph: layout.Graph) -> str:
   run the same ops on the same shapes: e.g. a rewritten graph whose merged weights are a Concat
   of two parameters, and its exported file, where that Concat is one folded initializer.
   """
-  g = _host(graph)
+  return _digest(_host(graph), runtime=True)
+
+
+def _digest(g: layout.Graph, runtime: bool) -> str:
+  """The Merkle digest of `structural_hash`, or with `runtime` of `runtime_hash`."""
   nd = g.nodes
   table = layout.input_table(g)
-  live = set()  # what the outputs read: dead code does not run
-  stack = [int(v) for v in np.flatnonzero(nd["alive"] & nd["is_output"])]
-  while stack:
-    v = stack.pop()
-    if v not in live:
-      live.add(v)
-      stack.extend(int(u) for u in table[v] if u >= 0)
+  live = None
+  if runtime:  # what the outputs read: dead code does not run
+    live, stack = set(), [int(v) for v in np.flatnonzero(nd["alive"] & nd["is_output"])]
+    while stack:
+      v = stack.pop()
+      if v not in live:
+        live.add(v)
+        stack.extend(int(u) for u in table[v] if u >= 0)
   hashes: dict[int, bytes] = {}
   for v in topological_order(g):
-    if int(v) not in live:
+    if live is not None and int(v) not in live:
       continue
-    if nd["is_constant"][v]:
+    if runtime and nd["is_constant"][v]:
       rank = int(nd["rank"][v])
       h = hashlib.blake2b(b"constant" + np.asarray(
           [rank, int(nd["dtype"][v]), int(nd["output_index"][v])], np.int64).tobytes()
@@ -276,7 +269,7 @@ def runtime_hash(graph: layout.Graph) -> str:
     hashes[int(v)] = h.digest()
   total = hashlib.blake2b(digest_size=16)
   for v, d in sorted(hashes.items(), key=lambda kv: kv[1]):
-    if not nd["is_constant"][v] or nd["output_index"][v] >= 0:
+    if not (runtime and nd["is_constant"][v] and nd["output_index"][v] < 0):
       total.update(d)
   return total.hexdigest()
 
