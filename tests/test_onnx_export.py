@@ -330,3 +330,21 @@ def test_round_trip_compares_what_the_file_runs(tmp_path):
   x = np.random.default_rng(0).standard_normal((1, 3, 8, 8)).astype(np.float32)
   np.testing.assert_allclose(executor.run(untagged, untagged_params, x)[0],
                              executor.run(graph, params, x)[0], rtol=1e-5, atol=1e-6)
+
+
+def test_a_users_file_stands_for_its_graph_only_at_its_own_shapes(tmp_path, shared_dir):
+  """The job hands back (and times) the user's own file only where it holds its weights and
+  takes the graph's input shapes."""
+  b = G.GraphBuilder(seed=0)
+  x = b.input((1, 3, 8, 8))
+  b.output(b.conv2d(x, b.weight((4, 3, 3, 3)), padding=1))
+  graph, params = b.build(capacity=16)
+  path = tmp_path / "m.onnx"
+  onnx_io.save(graph, params, path)
+  same, _ = onnx_io.load(str(path))
+  assert onnx_io.stands_for(str(path), same)
+  with pytest.warns(onnx_io.ShapeOverrideWarning):
+    bigger, _ = onnx_io.load(str(path), input_shapes={"input0": (1, 3, 9, 9)})
+  assert not onnx_io.stands_for(str(path), bigger)
+  shared = shared_dir / "models" / "squeezenet1_1.onnx"  # graph-only: no weights to hand back
+  assert not onnx_io.stands_for(str(shared), onnx_io.load(str(shared), random_weights=True)[0])

@@ -15,12 +15,12 @@ from xrlflow_jax.errors import (MissingWeightsError, OnnxExportError, OnnxImport
 from xrlflow_jax.onnx_io.exporter import save, to_model
 from xrlflow_jax.onnx_io.importer import (ImportedParams, ImportStats, ShapeOverrideWarning, load,
                                          read_model)
-from xrlflow_jax.onnx_io.roundtrip import RoundTrip, round_trip
+from xrlflow_jax.onnx_io.roundtrip import RoundTrip, round_trip, stands_for
 from xrlflow_jax.onnx_io.weights import (fill_missing_weights, random_initializers,
                                          randomize_constant_weights)
 
 __all__ = [
     "ImportStats", "ImportedParams", "MissingWeightsError", "OnnxExportError", "OnnxImportError",
     "UnsupportedOnnxOpError", "fill_missing_weights", "load", "random_initializers",
-    "randomize_constant_weights", "read_model", "RoundTrip", "round_trip", "save", "ShapeOverrideWarning", "to_model",
+    "randomize_constant_weights", "read_model", "RoundTrip", "round_trip", "save", "stands_for", "ShapeOverrideWarning", "to_model",
 ]

@@ -9,12 +9,14 @@ import tempfile
 from typing import Mapping
 
 import numpy as np
+import onnx
 
 from xrlflow_jax import ops
 from xrlflow_jax.graph import host as graph_host
 from xrlflow_jax.graph import layout
 from xrlflow_jax.graph.params import ParamStore
 from xrlflow_jax.onnx_io.exporter import save
+from xrlflow_jax.onnx_io import weights
 from xrlflow_jax.onnx_io.importer import ImportedParams, load
 
 
@@ -76,3 +78,29 @@ def round_trip(graph: layout.Graph, params: ParamStore, *,
     differences = {op: (a.get(op, 0), b.get(op, 0)) for op in set(a) | set(b)
                    if a.get(op, 0) != b.get(op, 0)}
   return RoundTrip(back, back_params, exact, differences)
+
+
+def stands_for(path: str, graph: layout.Graph) -> bool:
+  """Whether the ONNX file at `path` can be handed out (or timed) in place of `graph`, the
+  graph imported from it: it holds all its weights, and each of its inputs takes the graph's
+  input shape (dynamic dims, or the same sizes: not a file whose fixed dims an
+  `input_shapes` override changed)."""
+  model = onnx.load(path, load_external_data=False)
+  if any(weights.is_external(t) for t in model.graph.initializer):
+    return False
+  init = {t.name for t in model.graph.initializer}
+  inputs = [vi for vi in model.graph.input if vi.name not in init]
+  nd = layout.to_host(graph).nodes
+  slots = sorted(np.flatnonzero(nd["alive"] & (nd["op"] == ops.Op.INPUT)),
+                 key=lambda v: int(nd["input_index"][v]))
+  if len(inputs) != len(slots):
+    return False
+  for vi, v in zip(inputs, slots):
+    want = ops.unpad_shape(nd["shape"][v], nd["rank"][v])
+    dims = vi.type.tensor_type.shape.dim
+    if len(dims) != len(want):
+      return False
+    for d, n in zip(dims, want):
+      if d.HasField("dim_value") and d.dim_value > 0 and d.dim_value != n:
+        return False
+  return True

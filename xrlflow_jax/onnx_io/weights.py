@@ -294,9 +294,3 @@ def randomize_constant_weights(model: onnx.ModelProto, seed: int = 0) -> onnx.Mo
     for t in added:
       graph.input.append(onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
   return out
-
-
-def self_contained(path: str) -> bool:
-  """Whether the ONNX file at `path` holds all its weights (no initializer in external data)."""
-  model = onnx.load(path, load_external_data=False)
-  return not any(is_external(t) for t in model.graph.initializer)

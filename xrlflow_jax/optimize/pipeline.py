@@ -199,7 +199,7 @@ def _guard(loaded: Loaded, other: Loaded | None, found: SearchResult, opts: Opti
     return found, numerics
   others = [(other.graph, other.params)] if other else []
   mine = (opts.target == "onnxruntime" and loaded.kind == "onnx"
-          and onnx_io.weights.self_contained(loaded.path))
+          and onnx_io.stands_for(loaded.path, loaded.graph))
   result = measured_guard(found, loaded.params, others=others, keep_slower=opts.keep_slower,
                           reference_model=loaded.path if mine else None,
                           **opts.compare_options())

@@ -286,7 +286,7 @@ def _write_files(report: OptimizeReport, loaded: Loaded, folder: Path, picture: 
   files: dict[str, str] = {}
   best = report.graph
   if loaded.kind == "onnx" and report.result.returned_input \
-      and onnx_io.weights.self_contained(loaded.path):
+      and onnx_io.stands_for(loaded.path, loaded.graph):
     shutil.copyfile(loaded.path, folder / "optimized.onnx")  # the user's own file, unchanged
     files["onnx"] = "optimized.onnx"
   elif loaded.kind == "onnx":
