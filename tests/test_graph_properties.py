@@ -164,11 +164,16 @@ def _slice(g: _Generator) -> Tensor | None:
   return g.b.slice(x, axis, start, end, g.draw(st.integers(1, 3)))
 
 
-def _softmax(g: _Generator) -> Tensor | None:
+def _along_an_axis(g: _Generator, op: Any) -> Tensor | None:
+  """`op(x, axis=a)` of a picked tensor of rank >= 1 along a drawn axis."""
   x = g.pick(lambda t: t.rank >= 1)
   if x is None:
     return None
-  return g.b.softmax(x, axis=g.draw(st.integers(0, x.rank - 1)))
+  return op(x, axis=g.draw(st.integers(0, x.rank - 1)))
+
+
+def _softmax(g: _Generator) -> Tensor | None:
+  return _along_an_axis(g, g.b.softmax)
 
 
 def _reduce(g: _Generator) -> Tensor | None:
@@ -193,10 +198,7 @@ def _squeeze_unsqueeze(g: _Generator) -> Tensor | None:
 
 
 def _layer_norm(g: _Generator) -> Tensor | None:
-  x = g.pick(lambda t: t.rank >= 1)
-  if x is None:
-    return None
-  return g.b.layer_norm(x, axis=g.draw(st.integers(0, x.rank - 1)))
+  return _along_an_axis(g, g.b.layer_norm)
 
 
 def _batch_norm(g: _Generator) -> Tensor | None:
