@@ -617,6 +617,24 @@ def test_the_file_written_is_the_graph_measured(zoo_report, tmp_path, monkeypatc
   r = opt.optimize_model(str(source), method="taso", write=False, kernel_table=False, **FAST)
   assert r.export["round_trip"] == "exact" and r.rewrites and r.measured.faster
   assert "written file: re-imports to the graph measured" in r.table()
+  assert r.export["file_numerics"].startswith("PASS")
+  # A file that re-imports to the same graph but with other weights (an export bug) is run
+  # against the input and refused: nothing is written.
+  wrong = tmp_path / "wrong.onnx"
+
+  def wrong_weights(graph, params, **kw):
+    trip = real_round_trip(graph, params, **kw)
+    onnx_io.save(graph, params, tmp_path / "right.onnx")
+    _weights_changed(tmp_path / "right.onnx", wrong)
+    bad_graph, bad_params = onnx_io.load(str(wrong))
+    return dataclasses.replace(trip, graph=bad_graph, params=bad_params)
+
+  monkeypatch.setattr(opt.pipeline.onnx_io, "round_trip", wrong_weights)
+  refused = tmp_path / "refused"
+  with pytest.raises(opt.NumericsError, match="nothing was written"):
+    opt.optimize_model(str(source), method="taso", output_dir=refused, kernel_table=False,
+                       **FAST)
+  assert not refused.exists()
 
 
 def test_target_onnxruntime_judges_the_result_against_the_users_file(zoo_report, tmp_path,

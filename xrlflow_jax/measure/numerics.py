@@ -114,10 +114,14 @@ def compare_outputs(reference: Sequence[Any], candidate: Sequence[Any], *,
 
 def check_numerics(reference: layout.Graph, candidate: layout.Graph, params: ParamStore, *,
                    seed: int = 0, tolerance: float = DEFAULT_TOLERANCE,
-                   precision: str | None = None) -> NumericsCheck:
+                   precision: str | None = None,
+                   candidate_params: ParamStore | None = None) -> NumericsCheck:
   """Runs both graphs on the same random inputs (`executor.lower(...).random_inputs(seed)`),
-  both under the numerics policy `precision`, and compares every output (`compare_outputs`)."""
+  both under the numerics policy `precision`, and compares every output (`compare_outputs`).
+  `candidate_params`: the candidate's own weights (a graph loaded apart, e.g. a written file
+  read back); None: `params`."""
   ref = executor.lower(reference, params, precision=precision)
-  new = executor.lower(candidate, params, precision=precision)
+  new = executor.lower(candidate, params if candidate_params is None else candidate_params,
+                       precision=precision)
   inputs = ref.random_inputs(seed)
   return compare_outputs(ref(*inputs), new(*inputs), tolerance=tolerance)

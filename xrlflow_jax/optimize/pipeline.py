@@ -225,10 +225,11 @@ def _check_export(loaded: Loaded, result: SearchResult, opts: OptimizeOptions,
   read back (`onnx_io.round_trip`). Under --target=onnxruntime the guard timed that export
   itself. Under XLA, when the file runs another graph than the one measured (a node the
   exporter cannot tag for the importer), the file's own graph is timed against the input in
-  the same way
-  (`measure.compare`, control copy), and unless it is measured significantly faster (or
-  `keep_slower`), the input is returned instead. Returns (the result, report.json's
-  `export`: "round_trip", its "differences", the file's verdict where it was timed)."""
+  the same way (`measure.compare`, control copy), and unless it is measured significantly
+  faster (or `keep_slower`), the input is returned instead. Either way the file read back runs
+  on the input's random inputs and must compute what the input does (NumericsError, nothing
+  written, otherwise). Returns (the result, report.json's `export`: "round_trip", its
+  "differences", "file_numerics", the file's verdict where it was timed)."""
   info: dict[str, Any] = {"written": "the input file's graph" if result.returned_input
                           else "the optimised graph"}
   if result.returned_input:
@@ -238,6 +239,13 @@ def _check_export(loaded: Loaded, result: SearchResult, opts: OptimizeOptions,
                "round_trip_text": trip.describe(),
                "differences": {op: list(ab) for op, ab in trip.differences.items()}})
   if trip.exact or not opts.measure or opts.target == "onnxruntime":
+    # The file read back, run against the input (under onnxruntime the guard's outputs were
+    # this very export's already; XLA runs it here, as the user re-importing it would).
+    numerics = check_numerics(loaded.graph, trip.graph, loaded.params, seed=opts.seed,
+                              tolerance=opts.tolerance, precision=opts.precision,
+                              candidate_params=trip.params)
+    info["file_numerics"] = numerics.describe()
+    _check(numerics)
     if not trip.exact:  # under onnxruntime, what the guard timed was this very export
       log(f"the written file {trip.describe()}"
           + (" (not measured: --nomeasure)" if not opts.measure else ""))
@@ -248,6 +256,7 @@ def _check_export(loaded: Loaded, result: SearchResult, opts: OptimizeOptions,
   verdict = cmp.speedups[0]
   info.update({"file_measured": verdict, "file_latency_median_ms": cmp.candidates[0].median_ms,
                "input_latency_median_ms": cmp.reference.median_ms})
+  info["file_numerics"] = cmp.numerics[0].describe()
   _check(cmp.numerics[0])
   if verdict.faster or opts.keep_slower:
     log(f"  the written file measured {verdict.describe()}")
