@@ -627,3 +627,37 @@ def test_training_environment_costs_with_a_kernel_table():
   assert float(jax.jit(run.env.cost_fn)(graph)) == pytest.approx(with_table, rel=1e-6)
   np.testing.assert_allclose(np.asarray(jax.jit(run.env.node_cost_fn)(graph)),
                              np.asarray(cost.node_costs(graph, COEFFS, kernels=table)), rtol=1e-6)
+
+
+@pytest.mark.slow  # ~120 s on 2 cores: measures the rewritten graphs' kernels; see README
+def test_training_costs_every_graph_it_holds_as_the_search_does():
+  """One cost for a graph: with a live kernel table (`train_ppo(kernels=...)`) that starts
+  with the input's kernels only, training measures the kernels of the rewritten graphs it
+  meets, so every graph its state holds (each environment's current graph, each pool graph's
+  best) carries the cost the search's model gives it, not a roofline estimate of the kernels
+  the table lacked."""
+  from xrlflow_jax.cost import kernel_table  # pylint: disable=g-import-not-at-top
+  from xrlflow_jax.env import wrappers  # pylint: disable=g-import-not-at-top
+  loaded = workflow.load("squeezenet1_1", size="tiny", capacity=128)
+  config = ppo_configs.get_config("test")
+  config.ppo.total_timesteps = config.ppo.num_envs * config.ppo.num_steps * 2  # 2 updates
+  config.env.rules = ("merge_conv_shared_input_bias", "enlarge_conv_kernel_bias_sib_bias")
+  kernels = kernel_table.KernelTimes()
+  kernels.use_for(loaded.graph)
+  kernels.add(loaded.graph)  # the input's kernels only: every rewrite makes new ones
+  coeffs = cost.load_coefficients()
+  trained = training.train_ppo(["sq"], [loaded.graph], [loaded.params], config, coeffs,
+                               kernels=kernels, updates_per_chunk=1)
+  assert trained.kernels_added > 0 and trained.costs_with == "measured kernels"
+  expander = search.get_expander(trained.run.ruleset, coeffs, kernels)
+  inner = wrappers.inner_state(trained.state.env_state)
+  host = jax.tree_util.tree_map(np.asarray, inner)
+  rewritten = 0
+  for i in range(len(host.cost)):
+    graph = jax.tree_util.tree_map(lambda a, i=i: a[i], host.graph)
+    assert not kernels.missing(graph)
+    assert float(host.cost[i]) == pytest.approx(float(expander.cost(graph)), rel=1e-5)
+    rewritten += int(host.num_rewrites[i]) > 0
+  assert rewritten > 0  # the check saw rewritten graphs, not only pool copies
+  best, best_cost = trained.best(0)
+  assert best_cost == pytest.approx(float(expander.cost(best)), rel=1e-5)

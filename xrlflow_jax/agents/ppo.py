@@ -447,6 +447,8 @@ def chunk_size(num_updates: int, wanted: int) -> int:
 def train_in_chunks(trainer: Trainer, state: RunnerState, updates_per_chunk: int, *,
                     max_seconds: float | None = None, started: float | None = None,
                     on_chunk: Callable[[int, RunnerState, dict[str, np.ndarray], float], None]
+                    | None = None,
+                    refresh: Callable[[RunnerState], tuple[Trainer, RunnerState] | None]
                     | None = None) -> tuple[RunnerState, dict[str, np.ndarray], int]:
   """The rest of the trainer's run from `state` in jitted chunks (`chunk_size`, one compile).
 
@@ -454,6 +456,9 @@ def train_in_chunks(trainer: Trainer, state: RunnerState, updates_per_chunk: int
     updates_per_chunk: the wished chunk length.
     max_seconds: stop after the first chunk that ends more than this after `started` (None: the
       whole run); started: a `time.perf_counter()` (default: now).
+    refresh: called after each chunk (before `on_chunk`) with the state; a (trainer, state)
+      it returns replaces both for the chunks that follow (e.g. an environment whose kernel
+      table grew: `agents.training`); None keeps them.
     on_chunk: called after each chunk with (updates done, state, that chunk's metrics, seconds
       since `started`), e.g. to log progress.
   Returns:
@@ -468,6 +473,10 @@ def train_in_chunks(trainer: Trainer, state: RunnerState, updates_per_chunk: int
     state, m = trainer.run(state, chunk)
     chunks.append({k: np.asarray(v) for k, v in m.items()})
     done += chunk
+    if refresh is not None:
+      renewed = refresh(state)
+      if renewed is not None:
+        trainer, state = renewed
     elapsed = time.perf_counter() - started
     if on_chunk is not None:
       on_chunk(done, state, chunks[-1], elapsed)

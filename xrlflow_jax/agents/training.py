@@ -18,11 +18,13 @@ import time
 from typing import Any, Callable, Sequence
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from xrlflow_jax import cost
 from xrlflow_jax import graph as G
 from xrlflow_jax.agents import ppo, runs
+from xrlflow_jax.env import wrappers
 from xrlflow_jax.graph import Graph, ParamStore
 
 Log = Callable[[str], None]
@@ -38,6 +40,8 @@ class TrainedPolicy:
     seconds: wall time of the kernel table, initialisation and training (compiles included);
     env_steps: steps taken.
     costs_with: "measured kernels" or "the roofline" (the environment's cost model).
+    kernels_added: kernels measured during training for graphs it met that the environment's
+      table lacked (`train_ppo(kernels=...)`).
   """
   run: Any
   state: Any
@@ -45,6 +49,7 @@ class TrainedPolicy:
   seconds: float
   env_steps: int
   costs_with: str = "the roofline"
+  kernels_added: int = 0
 
   def best(self, index: int) -> tuple[Graph, float]:
     """(best graph seen during training, host arrays; its cost under the environment's model)
@@ -57,7 +62,7 @@ def train_ppo(names: Sequence[str], graphs: Sequence[Graph], params: Sequence[Pa
               config: Any, coeffs: cost.CostCoefficients, ruleset=None,
               log: Log | None = None, *, max_seconds: float | None = None,
               updates_per_chunk: int = 10, kernel_table: cost.KernelTable | None = None,
-              started: float | None = None,
+              kernels: cost.KernelTimes | None = None, started: float | None = None,
               devices: Sequence[jax.Device] | None = None) -> TrainedPolicy:
   """Trains PPO on a pool of graphs (one capacity), in jitted chunks of `updates_per_chunk`
   updates (the largest divisor of the run's updates not above it; one compile), logging after
@@ -72,13 +77,25 @@ def train_ppo(names: Sequence[str], graphs: Sequence[Graph], params: Sequence[Pa
     kernel_table: measured kernel times the environment costs with (as the searches and the
       policy's rollouts do: `search.fill_kernel_table` fills one from the graphs a TASO-style
       search meets); None: the roofline.
+    kernels: the live table instead (overrides `kernel_table`): after every chunk the kernels
+      of the graphs training holds (each pool graph's best, each environment's current and
+      episode-best graph) that the table lacks are measured, and the environment is rebuilt
+      on the grown table with those costs redone, so that no graph training keeps is costed
+      by the roofline: training's best has the cost the searches' model gives it.
     devices: the trainer's devices (default: every local device).
   """
   t0 = time.perf_counter() if started is None else started
-  run = runs.build(config, devices, coeffs=coeffs, pool=(names, graphs, params),
-                   ruleset=ruleset, kernels=kernel_table)
+  if kernels is not None:
+    kernel_table = kernels.table()
+  pool = (names, graphs, params)
+  run = runs.build(config, devices, coeffs=coeffs, pool=pool, ruleset=ruleset,
+                   kernels=kernel_table)
   cfg = run.trainer.config
   costs_with = "measured kernels" if kernel_table is not None else "the roofline"
+  completion = None
+  if kernels is not None:
+    completion = KernelCompletion(kernels, lambda table: runs.build(
+        config, devices, coeffs=coeffs, pool=pool, ruleset=run.ruleset, kernels=table), run)
   if log:
     budget = f", stopping after {max_seconds:.0f}s" if max_seconds else ""
     log(f"PPO on {list(names)} (capacity {G.capacity(graphs[0])}): {len(run.ruleset)} rules x "
@@ -95,7 +112,12 @@ def train_ppo(names: Sequence[str], graphs: Sequence[Graph], params: Sequence[Pa
           f"graph {', '.join(f'{r:.4f}' for r in ratio)} ({elapsed:.0f}s)")
   state, metrics, done = ppo.train_in_chunks(run.trainer, state, updates_per_chunk,
                                              max_seconds=max_seconds, started=t0,
-                                             on_chunk=progress)
+                                             on_chunk=progress, refresh=completion)
+  if completion is not None:
+    run = completion.run
+    if log and completion.added:
+      log(f"  kernel table completed during training: {completion.added} kernels of graphs "
+          f"training met measured, the environment rebuilt {completion.rebuilds} time(s)")
   if log and done < cfg.num_updates:
     log(f"  stopped at the time budget ({max_seconds:.0f}s) after {done} of "
         f"{cfg.num_updates} updates")
@@ -103,4 +125,53 @@ def train_ppo(names: Sequence[str], graphs: Sequence[Graph], params: Sequence[Pa
   if log:
     log(f"PPO trained {done * cfg.batch_size} steps in {seconds:.1f}s (compile "
         f"included); final episode return {float(metrics['episode_return'][-1]):.3f}")
-  return TrainedPolicy(run, state, metrics, seconds, done * cfg.batch_size, costs_with)
+  return TrainedPolicy(run, state, metrics, seconds, done * cfg.batch_size, costs_with,
+                       completion.added if completion is not None else 0)
+
+
+class KernelCompletion:
+  """Keeps a training environment's kernel table complete for the graphs training holds: a
+  `ppo.train_in_chunks` refresh hook. Inside the jitted environment a kernel the table lacks
+  keeps the roofline's estimate, which can rank graphs differently from the measured model
+  the searches and the report use; after each chunk this measures those kernels of every
+  graph the state holds (pool bests [G], environments' current and episode-best graphs [B])
+  and, when the table grew, rebuilds the run on it and recosts those graphs.
+
+  Attributes:
+    run: the current `runs.Run`; added: kernels measured so far; rebuilds: runs rebuilt.
+  """
+
+  def __init__(self, kernels: cost.KernelTimes, build: Callable[[cost.KernelTable], Any],
+               run: Any):
+    self.kernels, self.build, self.run = kernels, build, run
+    self.added = 0
+    self.rebuilds = 0
+
+  def __call__(self, state: ppo.RunnerState) -> tuple[ppo.Trainer, ppo.RunnerState] | None:
+    inner = wrappers.inner_state(state.env_state)
+    added = 0
+    for batch in (state.best_graph, inner.graph, inner.best_graph):
+      host = jax.tree_util.tree_map(np.asarray, batch)
+      for i in range(int(np.shape(host.nodes["op"])[0])):
+        added += self.kernels.add(jax.tree_util.tree_map(lambda a, i=i: a[i], host))
+    if not added:
+      return None
+    self.added += added
+    self.rebuilds += 1
+    self.run = self.build(self.kernels.table())
+    return self.run.trainer, recost(self.run.env.cost_fn, self.run.env.pool, state)
+
+
+def recost(cost_fn: Callable[[Graph], jax.Array], pool: Graph,
+           state: ppo.RunnerState) -> ppo.RunnerState:
+  """`state` with every cost it carries (pool graphs' initial and best costs; each
+  environment's current, episode-initial and episode-best cost) redone by `cost_fn`; `pool` is
+  the environment's stacked pool graphs [G]."""
+  costs = jax.jit(jax.vmap(lambda g: jnp.asarray(cost_fn(g), jnp.float32)))
+  initial = costs(pool)
+
+  def fix(inner):
+    return inner.replace(cost=costs(inner.graph), best_cost=costs(inner.best_graph),
+                         initial_cost=initial[inner.graph_index])
+  return state.replace(initial_cost=initial, best_cost=costs(state.best_graph),
+                       env_state=wrappers.replace_inner_state(state.env_state, fix))

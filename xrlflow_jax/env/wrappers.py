@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import chex
 import jax
@@ -68,6 +68,19 @@ def _inner_state(state: Any) -> State:
   while isinstance(state, LogState):
     state = state.env_state
   return state
+
+
+def replace_inner_state(state: Any, fn: Callable[[State], State]) -> Any:
+  """`state` with its innermost environment `State` (under any `LogState`s) replaced by
+  `fn(inner)`."""
+  if isinstance(state, LogState):
+    return state.replace(env_state=replace_inner_state(state.env_state, fn))
+  return fn(state)
+
+
+def inner_state(state: Any) -> State:
+  """The environment `State` under any `LogState`s of a wrapped state."""
+  return _inner_state(state)
 
 
 def _with_key(state: Any, key: jax.Array) -> Any:

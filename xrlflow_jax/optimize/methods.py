@@ -137,7 +137,9 @@ def run_ppo(loaded: Loaded, coeffs: cost.CostCoefficients, *, budget: int | None
   with the measured kernel table, as the searches do), then the policy as a search driver; the
   better graph by modelled cost of the policy's result and the best graph training met (ties go
   to the policy, whose rewrite sequence is known), both costed by the search's model (with
-  `kernels`, measuring what training's table lacked). Returns (the result, method "policy" or
+  `kernels`, training measures the kernels of the graphs it holds as it meets them, so its
+  environment's cost of its best graph is that model's: details `train_env_cost_ms` beside
+  `train_best_cost_ms`). Returns (the result, method "policy" or
   "training", carrying up to `checkpoints` prefixes of its path for the measured guard; the
   job's details: training's figures and the policy's search), as `run_search`'s."""
   started = time.perf_counter()
@@ -145,24 +147,26 @@ def run_ppo(loaded: Loaded, coeffs: cost.CostCoefficients, *, budget: int | None
   if not rules:
     config.env.rules = default_ppo_rules(loaded.graph, int(config.env.max_locations))
   ruleset = _ruleset(config.env.rules, int(config.env.max_locations))
-  table = None
   if kernels is not None:
     kernels.use_for(loaded.graph)  # training's environment costs with the same timing
-    table = search.fill_kernel_table([loaded.graph], [loaded.params], ruleset, coeffs, kernels,
-                                     log=lambda s: log("  " + s))
+    search.fill_kernel_table([loaded.graph], [loaded.params], ruleset, coeffs, kernels,
+                             log=lambda s: log("  " + s))
+  # With `kernels`, training measures what its table lacks as it meets it, so its best graph
+  # is costed as the search's model costs it.
   trained = training.train_ppo([loaded.label], [loaded.graph], [loaded.params], config, coeffs,
                                ruleset, log=lambda s: log("  " + s),
                                updates_per_chunk=int(config.updates_per_chunk),
-                               kernel_table=table, started=started, devices=jax.devices()[:1])
+                               kernels=kernels, started=started, devices=jax.devices()[:1])
   state = trained.state
   expander = search.get_expander(ruleset, coeffs, kernels)
-  train_graph, train_cost = trained.best(0)
+  train_graph, env_cost = trained.best(0)
   train_graph = layout.to_host(train_graph)
-  if kernels is not None:  # the environment's table may lack some of this graph's kernels
-    train_cost = float(expander.cost(train_graph))
+  train_cost = float(expander.cost(train_graph))
   details: dict[str, Any] = {"train_seconds": trained.seconds,
                              "train_updates": int(np.asarray(state.update)),
                              "train_best_cost_ms": train_cost,
+                             "train_env_cost_ms": env_cost,
+                             "train_kernels_added": trained.kernels_added,
                              "train_cost_model": trained.costs_with,
                              **_ruleset_details(ruleset, config.env.rules)}
   policy = search.optimize(loaded.graph, loaded.params, "policy", expander=expander, seed=seed,
