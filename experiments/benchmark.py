@@ -193,12 +193,13 @@ def benchmark_model(spec, ruleset, ppo_ruleset, coeffs, methods: list[str],
     t0 = time.perf_counter()
     try:
       if method == "ppo":
-        table = None if kernels is None else search.fill_kernel_table(
-            [graph], [params], ppo_ruleset, coeffs, kernels, fill_budget(outcomes),
-            log=lambda s: print("  " + s, flush=True))
+        if kernels is not None:
+          search.fill_kernel_table([graph], [params], ppo_ruleset, coeffs, kernels,
+                                   fill_budget(outcomes),
+                                   log=lambda s: print("  " + s, flush=True))
         policy = training.train_ppo(
             [spec.label], [graph], [params], ppo_config(spec.source), coeffs, ppo_ruleset,
-            log=lambda s: print("  " + s, flush=True), kernel_table=table, started=t0,
+            log=lambda s: print("  " + s, flush=True), kernels=kernels, started=t0,
             max_seconds=_PPO_MINUTES.value * 60 or None)
         _, train_cost = policy.best(0)
         train_initial = float(np.asarray(policy.state.initial_cost)[0])

@@ -198,13 +198,14 @@ def main(argv: list[str]) -> None:
   print(header, flush=True)
   started = time.perf_counter()
   train_graphs, train_params = [g for g, _ in train_loaded], [p for _, p in train_loaded]
-  table = None if not _KERNELS.value else search.fill_kernel_table(
-      train_graphs, train_params, ruleset, coeffs, kernel_table.shared(), _opt("taso_budget"),
-      log=lambda s: print(s, flush=True))
+  kernels = kernel_table.shared() if _KERNELS.value else None
+  if kernels is not None:
+    search.fill_kernel_table(train_graphs, train_params, ruleset, coeffs, kernels,
+                             _opt("taso_budget"), log=lambda s: print(s, flush=True))
   policy = training.train_ppo([s.label for s in train_specs], train_graphs, train_params,
                               ppo_config(), coeffs, ruleset, log=lambda s: print(s, flush=True),
                               max_seconds=_TRAIN_MINUTES.value * 60 or None,
-                              kernel_table=table, started=started)
+                              kernels=kernels, started=started)
   B.write_csv([{"update": i + 1, **{k: float(v[i]) for k, v in policy.metrics.items()}}
                for i in range(len(policy.metrics["env_steps"]))], out_dir / "training.csv")
   rows: list[dict[str, Any]] = []

@@ -41,7 +41,7 @@ class TrainedPolicy:
     env_steps: steps taken.
     costs_with: "measured kernels" or "the roofline" (the environment's cost model).
     kernels_added: kernels measured during training for graphs it met that the environment's
-      table lacked (`train_ppo(kernels=...)`).
+      table lacked (`KernelCompletion`).
   """
   run: Any
   state: Any
@@ -61,8 +61,8 @@ class TrainedPolicy:
 def train_ppo(names: Sequence[str], graphs: Sequence[Graph], params: Sequence[ParamStore],
               config: Any, coeffs: cost.CostCoefficients, ruleset=None,
               log: Log | None = None, *, max_seconds: float | None = None,
-              updates_per_chunk: int = 10, kernel_table: cost.KernelTable | None = None,
-              kernels: cost.KernelTimes | None = None, started: float | None = None,
+              updates_per_chunk: int = 10, kernels: cost.KernelTimes | None = None,
+              started: float | None = None,
               devices: Sequence[jax.Device] | None = None) -> TrainedPolicy:
   """Trains PPO on a pool of graphs (one capacity), in jitted chunks of `updates_per_chunk`
   updates (the largest divisor of the run's updates not above it; one compile), logging after
@@ -74,24 +74,21 @@ def train_ppo(names: Sequence[str], graphs: Sequence[Graph], params: Sequence[Pa
     max_seconds: a wall-clock budget from `started` (`time.perf_counter()`; None: now), the
       compiles included: training stops after the first chunk that ends past it (None: the
       config's whole run); `TrainedPolicy.env_steps` says how far it got.
-    kernel_table: measured kernel times the environment costs with (as the searches and the
-      policy's rollouts do: `search.fill_kernel_table` fills one from the graphs a TASO-style
-      search meets); None: the roofline.
-    kernels: the live table instead (overrides `kernel_table`): after every chunk the kernels
-      of the graphs training holds (each pool graph's best, each environment's current and
-      episode-best graph) that the table lacks are measured, and the environment is rebuilt
-      on the grown table with those costs redone, so that no graph training keeps is costed
-      by the roofline: training's best has the cost the searches' model gives it.
+    kernels: the measured kernel times the environment costs with, as the searches and the
+      policy's rollouts do (`search.fill_kernel_table` fills them from the graphs a TASO-style
+      search meets); None: the roofline. After every chunk the kernels of the graphs training
+      holds (each pool graph's best, each environment's current and episode-best graph) that
+      the table lacks are measured, and the environment is rebuilt on the grown table with
+      those costs redone (`KernelCompletion`), so no graph training keeps is costed by the
+      roofline: training's best has the cost the searches' model gives it.
     devices: the trainer's devices (default: every local device).
   """
   t0 = time.perf_counter() if started is None else started
-  if kernels is not None:
-    kernel_table = kernels.table()
   pool = (names, graphs, params)
   run = runs.build(config, devices, coeffs=coeffs, pool=pool, ruleset=ruleset,
-                   kernels=kernel_table)
+                   kernels=kernels.table() if kernels is not None else None)
   cfg = run.trainer.config
-  costs_with = "measured kernels" if kernel_table is not None else "the roofline"
+  costs_with = "measured kernels" if kernels is not None else "the roofline"
   completion = None
   if kernels is not None:
     completion = KernelCompletion(kernels, lambda table: runs.build(
@@ -135,7 +132,9 @@ class KernelCompletion:
   keeps the roofline's estimate, which can rank graphs differently from the measured model
   the searches and the report use; after each chunk this measures those kernels of every
   graph the state holds (pool bests [G], environments' current and episode-best graphs [B])
-  and, when the table grew, rebuilds the run on it and recosts those graphs.
+  and, when the table grew, rebuilds the run on it (a retrace: the table is a constant of the
+  environment) and recosts those graphs. The observations keep their node costs until the
+  next step.
 
   Attributes:
     run: the current `runs.Run`; added: kernels measured so far; rebuilds: runs rebuilt.

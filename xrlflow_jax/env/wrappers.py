@@ -41,7 +41,7 @@ class AutoResetWrapper(Wrapper):
 
   def step(self, state, action):
     state, timestep = self.env.step(state, action)
-    key, reset_key = jax.random.split(_inner_state(state).key)
+    key, reset_key = jax.random.split(inner_state(state).key)
     new_state, first = self.env.reset(reset_key)
     done = timestep.last()
     state = _select(done, new_state, _with_key(state, key))
@@ -61,10 +61,11 @@ class LogState:
 
   @property
   def key(self):
-    return _inner_state(self.env_state).key
+    return inner_state(self.env_state).key
 
 
-def _inner_state(state: Any) -> State:
+def inner_state(state: Any) -> State:
+  """The environment `State` under any `LogState`s of a wrapped state."""
   while isinstance(state, LogState):
     state = state.env_state
   return state
@@ -76,11 +77,6 @@ def replace_inner_state(state: Any, fn: Callable[[State], State]) -> Any:
   if isinstance(state, LogState):
     return state.replace(env_state=replace_inner_state(state.env_state, fn))
   return fn(state)
-
-
-def inner_state(state: Any) -> State:
-  """The environment `State` under any `LogState`s of a wrapped state."""
-  return _inner_state(state)
 
 
 def _with_key(state: Any, key: jax.Array) -> Any:
