@@ -646,9 +646,21 @@ def test_training_costs_every_graph_it_holds_as_the_search_does():
   kernels.use_for(loaded.graph)
   kernels.add(loaded.graph)  # the input's kernels only: every rewrite makes new ones
   coeffs = cost.load_coefficients()
-  trained = training.train_ppo(["sq"], [loaded.graph], [loaded.params], config, coeffs,
-                               kernels=kernels, updates_per_chunk=1)
+  compiles = []
+
+  def on_compile(event, seconds, **info):
+    if event == "/jax/core/compile/backend_compile_duration":
+      compiles.append(str(info.get("fun_name")))
+  jax.monitoring.register_event_duration_secs_listener(on_compile)
+  try:
+    trained = training.train_ppo(["sq"], [loaded.graph], [loaded.params], config, coeffs,
+                                 kernels=kernels, updates_per_chunk=1)
+  finally:
+    jax.monitoring.unregister_event_duration_listener(on_compile)
   assert trained.kernels_added > 0 and trained.costs_with == "measured kernels"
+  # The grown table is an input of the compiled chunk: one program, compiled by XLA once.
+  assert trained.chunk_programs == 1
+  assert compiles.count("jit(ppo_run)") == 1, compiles
   expander = search.get_expander(trained.run.ruleset, coeffs, kernels)
   inner = wrappers.inner_state(trained.state.env_state)
   host = jax.tree_util.tree_map(np.asarray, inner)
@@ -661,3 +673,5 @@ def test_training_costs_every_graph_it_holds_as_the_search_does():
   assert rewritten > 0  # the check saw rewritten graphs, not only pool copies
   best, best_cost = trained.best(0)
   assert best_cost == pytest.approx(float(expander.cost(best)), rel=1e-5)
+  # What the policy driver costs with after training: the grown table.
+  assert float(trained.run.env.cost_fn(best)) == pytest.approx(best_cost, rel=1e-5)

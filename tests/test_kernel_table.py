@@ -373,3 +373,39 @@ def test_streamed_kernels_are_timed_a_call_at_a_time(tmp_path):
   assert prof.current_kernel(sig) is None  # the hot loop's entry is another measurement
   (looped,) = prof.profile_kernels([sig])[0].values()
   assert looped["timing"] == LOOP_TIMING and looped["call_ms"] == 0.0
+
+
+def test_a_bound_table_is_a_traced_input_of_every_model_cost(tmp_path):
+  """`cost.bound_kernels(table)`: inside the block a ModelCost with a table costs with the
+  bound one (what a training state carries), its full cost, node costs and candidate costs
+  alike, and a jitted function taking the table as an argument is traced once for tables of
+  one capacity; a roofline ModelCost is unaffected."""
+  coeffs = cost.load_coefficients("cpu")
+  graph, _ = _conv_graph(bias=True, act=Activation.RELU)
+  times = kernel_table.KernelTimes(_TableProfiler(tmp_path, lambda s: 2.5))
+  empty = times.table()
+  own = cost.ModelCost(coeffs, kernels=empty)
+  roofline = cost.ModelCost(coeffs)
+  traces = []
+
+  def costs(table, g):
+    traces.append(1)
+    with cost.bound_kernels(table):
+      return own(g), own.node_costs(g), roofline(g), own.candidate_costs(
+          g, jax.tree_util.tree_map(lambda x: x[None], g))
+  fn = jax.jit(costs)
+  before = [np.asarray(x) for x in fn(empty, graph)]
+  assert times.add(graph) == 1
+  grown = times.table()
+  assert grown.keys.shape == empty.keys.shape
+  after = [np.asarray(x) for x in fn(grown, graph)]
+  assert len(traces) == 1  # the same compiled function for the grown table
+  measured = cost.ModelCost(coeffs, kernels=grown)
+  assert float(before[0]) == pytest.approx(float(own(graph)), rel=1e-6)
+  assert float(after[0]) == pytest.approx(float(measured(graph)), rel=1e-6)
+  assert float(after[0]) != pytest.approx(float(before[0]), rel=1e-3)
+  np.testing.assert_allclose(after[1], np.asarray(measured.node_costs(graph)), rtol=1e-6)
+  assert float(after[2]) == float(before[2]) == pytest.approx(float(roofline(graph)), rel=1e-6)
+  assert float(after[3][0]) == pytest.approx(float(after[0]), rel=1e-6)
+  with cost.bound_kernels(grown), cost.bound_kernels(None):
+    assert float(own(graph)) == pytest.approx(float(before[0]), rel=1e-6)  # None: its own

@@ -566,7 +566,9 @@ def test_a_short_search_compiles_for_a_fast_compile(toy, expander):
   assert api.expected_expansions("taso", {"budget": limit + 1}) == limit + 1
   assert api.expected_expansions("beam", {"steps": 3, "beam_width": 5}) == 15
   assert api.expected_expansions("random", {"num_rollouts": 2, "steps": 3}) == 6
-  assert api.expected_expansions("policy", {}) is None
+  # The policy: 1 + num_samples rollouts of its steps (default: the env's horizon, else 50).
+  assert api.expected_expansions("policy", {}) == 9 * api.POLICY_STEPS
+  assert api.expected_expansions("policy", {"steps": 10, "num_samples": 3}) == 40
   on_cpu = jax.default_backend() == "cpu"
   assert expander.plan(limit) is on_cpu and expander.plan(limit + 1) is False
   assert expander.plan(None) is False and expander.plan(1, fast_compile=False) is False

@@ -38,7 +38,7 @@ import numpy as np
 import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from xrlflow_jax import trace_cache
+from xrlflow_jax import cost, trace_cache
 from xrlflow_jax.agents.distributions import MaskedCategorical
 from xrlflow_jax.agents.gae import gae
 from xrlflow_jax.agents.networks import Agent, AgentError
@@ -171,6 +171,11 @@ class RunnerState:
     best_rewrites: int32[G, horizon, 2 + P] the rewrites that made each best graph from its
       pool graph (rows of the environment's `State.rewrites`); best_num_rewrites: int32[G]
       rows in use (0: the pool graph itself).
+    kernels: the measured kernel table the environment and the agent cost with
+      (`cost.KernelTable`, keys uint32[T], ms float32[T]; bound by `cost.bound_kernels` in every
+      update), or None (the environment's cost function has none). An input of the compiled
+      update, so a table grown within its capacity T (`agents.training.KernelCompletion`)
+      reuses it.
   """
   params: Any
   opt_state: Any
@@ -183,6 +188,7 @@ class RunnerState:
   initial_cost: jax.Array
   best_rewrites: Any = None
   best_num_rewrites: Any = None
+  kernels: Any = None
 
 
 class Trainer:
@@ -272,7 +278,8 @@ class Trainer:
     return RunnerState(params=params, opt_state=self._replicate(self.optimizer.init(params)),
                        env_state=env_state, obs=obs, key=key, update=jnp.int32(0),
                        best_cost=initial, best_graph=pool, initial_cost=initial,
-                       best_rewrites=rows, best_num_rewrites=jnp.zeros([g], jnp.int32))
+                       best_rewrites=rows, best_num_rewrites=jnp.zeros([g], jnp.int32),
+                       kernels=self._replicate(getattr(self.env.cost_fn, "kernels", None)))
 
   def _policy(self, params: Any, obs: Any) -> tuple[MaskedCategorical, jax.Array]:
     logits, value = jax.vmap(self.agent.apply, in_axes=(None, 0))(params, obs)
@@ -395,7 +402,12 @@ class Trainer:
     return params, opt_state, key, jax.tree_util.tree_map(jnp.mean, stats)
 
   def _update(self, runner: RunnerState) -> tuple[RunnerState, dict[str, jax.Array]]:
-    """One PPO update: rollout, GAE, learning. Returns (runner, {metric: float32[]})."""
+    """One PPO update: rollout, GAE, learning, costing with the state's kernel table. Returns
+    (runner, {metric: float32[]})."""
+    with cost.bound_kernels(runner.kernels):
+      return self._update_bound(runner)
+
+  def _update_bound(self, runner: RunnerState) -> tuple[RunnerState, dict[str, jax.Array]]:
     cfg = self.config
     runner, traj, info = self._rollout(runner)
     last_value = self._values(runner.params, runner.obs)

@@ -14,6 +14,7 @@ without it, with the analytic roofline.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from typing import Any, Callable, Sequence
 
@@ -42,6 +43,9 @@ class TrainedPolicy:
     costs_with: "measured kernels" or "the roofline" (the environment's cost model).
     kernels_added: kernels measured during training for graphs it met that the environment's
       table lacked (`KernelCompletion`).
+    chunk_programs: instances of the jitted training chunk made (traced or loaded from the
+      disk), over every trainer the run used: 1 when the kernel table grew within the compiled
+      program.
   """
   run: Any
   state: Any
@@ -50,6 +54,7 @@ class TrainedPolicy:
   env_steps: int
   costs_with: str = "the roofline"
   kernels_added: int = 0
+  chunk_programs: int = 0
 
   def best(self, index: int) -> tuple[Graph, float]:
     """(best graph seen during training, host arrays; its cost under the environment's model)
@@ -111,10 +116,12 @@ def train_ppo(names: Sequence[str], graphs: Sequence[Graph], params: Sequence[Pa
                                              max_seconds=max_seconds, started=t0,
                                              on_chunk=progress, refresh=completion)
   if completion is not None:
-    run = completion.run
+    run = completion.final_run()
     if log and completion.added:
+      rebuilt = (f", the environment rebuilt {completion.rebuilds} time(s)"
+                 if completion.rebuilds else "")
       log(f"  kernel table completed during training: {completion.added} kernels of graphs "
-          f"training met measured, the environment rebuilt {completion.rebuilds} time(s)")
+          f"training met measured{rebuilt}")
   if log and done < cfg.num_updates:
     log(f"  stopped at the time budget ({max_seconds:.0f}s) after {done} of "
         f"{cfg.num_updates} updates")
@@ -122,8 +129,10 @@ def train_ppo(names: Sequence[str], graphs: Sequence[Graph], params: Sequence[Pa
   if log:
     log(f"PPO trained {done * cfg.batch_size} steps in {seconds:.1f}s (compile "
         f"included); final episode return {float(metrics['episode_return'][-1]):.3f}")
+  trainers = completion.trainers if completion is not None else [run.trainer]
   return TrainedPolicy(run, state, metrics, seconds, done * cfg.batch_size, costs_with,
-                       completion.added if completion is not None else 0)
+                       completion.added if completion is not None else 0,
+                       sum(t.run.instances for t in trainers))
 
 
 class KernelCompletion:
@@ -131,13 +140,16 @@ class KernelCompletion:
   `ppo.train_in_chunks` refresh hook. Inside the jitted environment a kernel the table lacks
   keeps the roofline's estimate, which can rank graphs differently from the measured model
   the searches and the report use; after each chunk this measures those kernels of every
-  graph the state holds (pool bests [G], environments' current and episode-best graphs [B])
-  and, when the table grew, rebuilds the run on it (a retrace: the table is a constant of the
-  environment) and recosts those graphs. The observations keep their node costs until the
-  next step.
+  graph the state holds (pool bests [G], environments' current and episode-best graphs [B]),
+  puts the grown table in the state (`RunnerState.kernels`, an input of the compiled update:
+  no retrace while it fits its capacity) and recosts those graphs. Only when a pool graph's own
+  cost changes (its kernels were missing at the start) is the run rebuilt, since the
+  environment keeps its pool's first observations. The observations keep their node costs
+  until the next step.
 
   Attributes:
-    run: the current `runs.Run`; added: kernels measured so far; rebuilds: runs rebuilt.
+    run: the current `runs.Run`; added: kernels measured so far; rebuilds: runs rebuilt;
+    trainers: the trainers chunks ran on (the first, then one per rebuild).
   """
 
   def __init__(self, kernels: cost.KernelTimes, build: Callable[[cost.KernelTable], Any],
@@ -145,6 +157,8 @@ class KernelCompletion:
     self.kernels, self.build, self.run = kernels, build, run
     self.added = 0
     self.rebuilds = 0
+    self.trainers = [run.trainer]  # every trainer a chunk ran on
+    self._run_table: Any = None  # the table `run` was built on, once the state's outgrew it
 
   def __call__(self, state: ppo.RunnerState) -> tuple[ppo.Trainer, ppo.RunnerState] | None:
     inner = wrappers.inner_state(state.env_state)
@@ -156,21 +170,60 @@ class KernelCompletion:
     if not added:
       return None
     self.added += added
-    self.rebuilds += 1
-    self.run = self.build(self.kernels.table())
-    return self.run.trainer, recost(self.run.env.cost_fn, self.run.env.pool, state)
+    # Placed as the state's table is, so the compiled chunk takes it as it is (an uncommitted
+    # array would make the next chunk compile again).
+    table = jax.tree_util.tree_map(lambda new, old: jax.device_put(new, old.sharding),
+                                   self.kernels.table(), state.kernels)
+    pool = self.run.env.pool
+    pool_cost = batch_costs(self.run.env.cost_fn, table, pool)
+    if not np.allclose(np.asarray(pool_cost), np.asarray(state.initial_cost), rtol=1e-6,
+                       atol=0.0):
+      self.rebuilds += 1
+      self.run = self.build(table)
+      self.trainers.append(self.run.trainer)
+      self._run_table = None
+    else:
+      self._run_table = table
+    return self.run.trainer, recost(self.run.env.cost_fn, pool, state.replace(kernels=table))
+
+  def final_run(self) -> Any:
+    """The run with an environment and agent built on the state's table (rebuilt when the
+    table grew since `run` was built: what a policy driver after training costs with)."""
+    if self._run_table is not None:
+      self.run = self.build(self._run_table)
+      self._run_table = None
+    return self.run
+
+
+@functools.lru_cache(maxsize=8)
+def _batch_cost_fn(cost_fn: Callable[[Graph], jax.Array]) -> Callable[..., jax.Array]:
+  def costs(table: Any, graphs: Graph) -> jax.Array:
+    with cost.bound_kernels(table):
+      return jax.vmap(lambda g: jnp.asarray(cost_fn(g), jnp.float32))(graphs)
+  return jax.jit(costs)
+
+
+def batch_costs(cost_fn: Callable[[Graph], jax.Array], table: Any, graphs: Graph) -> jax.Array:
+  """float32[M]: `cost_fn` of each of `graphs` (leading [M]) with the kernel table `table`
+  bound (`cost.bound_kernels`; None: `cost_fn`'s own); jitted once per cost function and M."""
+  return _batch_cost_fn(cost_fn)(table, graphs)
 
 
 def recost(cost_fn: Callable[[Graph], jax.Array], pool: Graph,
            state: ppo.RunnerState) -> ppo.RunnerState:
   """`state` with every cost it carries (pool graphs' initial and best costs; each
-  environment's current, episode-initial and episode-best cost) redone by `cost_fn`; `pool` is
-  the environment's stacked pool graphs [G]."""
-  costs = jax.jit(jax.vmap(lambda g: jnp.asarray(cost_fn(g), jnp.float32)))
-  initial = costs(pool)
+  environment's current, episode-initial and episode-best cost) redone by `cost_fn` with the
+  state's kernel table; `pool` is the environment's stacked pool graphs [G]. One batched call
+  over all 2G + 2B graphs."""
+  inner = wrappers.inner_state(state.env_state)
+  parts = (pool, state.best_graph, inner.graph, inner.best_graph)
+  sizes = [int(np.shape(p.nodes["op"])[0]) for p in parts]
+  joined = jax.tree_util.tree_map(lambda *xs: jnp.concatenate(xs, axis=0), *parts)
+  costs = batch_costs(cost_fn, state.kernels, joined)
+  initial, best, current, episode_best = jnp.split(costs, np.cumsum(sizes)[:-1])
 
   def fix(inner):
-    return inner.replace(cost=costs(inner.graph), best_cost=costs(inner.best_graph),
+    return inner.replace(cost=current, best_cost=episode_best,
                          initial_cost=initial[inner.graph_index])
-  return state.replace(initial_cost=initial, best_cost=costs(state.best_graph),
+  return state.replace(initial_cost=initial, best_cost=best,
                        env_state=wrappers.replace_inner_state(state.env_state, fix))

@@ -6,6 +6,7 @@ latency (`xrlflow_jax.measure`, the ground truth of every speed claim, below thi
   node_costs, graph_cost                                 jittable cost model (model)
   load_coefficients, save_coefficients                   coefficient files (coefficient_files)
   ModelCost                                              it as a function; candidates' costs
+  bound_kernels                                          a traced table for every ModelCost
   KernelTimes, KernelTable                               measured MatMul/conv times (kernel_table)
   coefficients                                           this device's, calibrated on first use
   fit_coefficients, fit_from_profiles                    non-negative least squares (fit, scipy's)
@@ -16,7 +17,7 @@ from xrlflow_jax.cost import calibrate
 from xrlflow_jax.cost.calibrate import coefficients
 from xrlflow_jax.cost.coefficient_files import load_coefficients, save_coefficients
 from xrlflow_jax.cost.fit import FitReport, fit_coefficients, fit_from_profiles
-from xrlflow_jax.cost.incremental import ModelCost
+from xrlflow_jax.cost.incremental import ModelCost, bound_kernels
 from xrlflow_jax.cost.kernel_table import KernelTimes
 from xrlflow_jax.cost.model import (FEATURE_NAMES, CostCoefficients, CostModelError,
                                     KernelTable, graph_cost, graph_features, node_costs,
@@ -27,7 +28,7 @@ from xrlflow_jax.cost.signatures import OpSignature, ProfileError, graph_signatu
 __all__ = [
     "CostCoefficients", "CostModelError", "FEATURE_NAMES", "FitReport", "GraphProfile",
     "KernelTable", "KernelTimes", "ModelCost", "OpSignature", "ProfileCache", "ProfileError",
-    "Profiler", "calibrate", "coefficients", "fit_coefficients", "fit_from_profiles",
+    "Profiler", "bound_kernels", "calibrate", "coefficients", "fit_coefficients", "fit_from_profiles",
     "graph_cost", "graph_features", "graph_signatures", "load_coefficients", "node_costs",
     "node_features", "save_coefficients",
 ]

@@ -42,7 +42,10 @@ hashes.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
+from typing import Iterator
 
 import chex
 import jax
@@ -439,6 +442,25 @@ def candidate_cost(parent: layout.Graph, base: CostBase, child: layout.Graph,
   return cost, exact, missing
 
 
+# The kernel table a training program carries in its state (`bound_kernels`); None: each
+# ModelCost uses its own.
+_BOUND_TABLE: contextvars.ContextVar[model.KernelTable | None] = contextvars.ContextVar(
+    "xrlflow_bound_kernel_table", default=None)
+
+
+@contextlib.contextmanager
+def bound_kernels(table: model.KernelTable | None) -> Iterator[None]:
+  """While tracing inside this block, every `ModelCost` built with a kernel table costs with
+  `table` instead (a traced input, e.g. a training state's field: a table that grows within
+  its capacity then reuses the compiled program; `KernelTimes.table()` of the same profile).
+  ModelCosts of the roofline (no table) are unaffected; None binds nothing."""
+  token = _BOUND_TABLE.set(table)
+  try:
+    yield
+  finally:
+    _BOUND_TABLE.reset(token)
+
+
 @dataclasses.dataclass(frozen=True, eq=False)  # hashed by identity (its table holds arrays)
 class ModelCost:
   """The cost model as a function of a graph, for an environment or a training run: calling it
@@ -454,12 +476,19 @@ class ModelCost:
   kernels: model.KernelTable | None = None
   pruned: bool = True
 
+  @property
+  def table(self) -> model.KernelTable | None:
+    """The kernel table costs use: the one bound by `bound_kernels` when this model has a
+    table and one is bound, else `kernels`."""
+    bound = _BOUND_TABLE.get()
+    return bound if bound is not None and self.kernels is not None else self.kernels
+
   def __call__(self, graph: layout.Graph) -> jax.Array:
-    return model.graph_cost(graph, self.coeffs, pruned=self.pruned, kernels=self.kernels)
+    return model.graph_cost(graph, self.coeffs, pruned=self.pruned, kernels=self.table)
 
   def node_costs(self, graph: layout.Graph) -> jax.Array:
     """float32[N]: `model.node_costs` under the same settings."""
-    return model.node_costs(graph, self.coeffs, pruned=self.pruned, kernels=self.kernels)
+    return model.node_costs(graph, self.coeffs, pruned=self.pruned, kernels=self.table)
 
   def candidate_costs(self, parent: layout.Graph, children: layout.Graph) -> jax.Array:
     """float32[C]: the cost of each of `children` (a batch of C graphs, each `parent` after one
@@ -472,9 +501,10 @@ class ModelCost:
     """
     if layout.capacity(parent) < MIN_CAPACITY or not self.pruned:
       return jax.vmap(self)(children)
-    base = cost_base(parent, self.coeffs, self.kernels)
+    table = self.table
+    base = cost_base(parent, self.coeffs, table)
     cost, exact, _ = jax.vmap(lambda c: candidate_cost(parent, base, c, self.coeffs,
-                                                       kernels=self.kernels))(children)
+                                                       kernels=table))(children)
 
     def costed_alone(carry):
       cost, todo = carry

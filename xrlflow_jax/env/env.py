@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from xrlflow_jax.cost.incremental import bound_kernels
 from xrlflow_jax.errors import XrlflowError
 from xrlflow_jax.graph import layout, transforms
 from xrlflow_jax.rules.ruleset import (RuleSet, RuleSetMatch, firing_rules, graph_op_counts,
@@ -224,8 +225,8 @@ class GraphRewriteEnv:
     happens while tracing) and `reset` only indexes them: an auto-reset step then pays one match
     (of the stepped graph), not two.
     """
-    if self._initial is None:
-      with jax.ensure_compile_time_eval():
+    if self._initial is None:  # with the env's own kernel table (the pool's kernels are in it)
+      with bound_kernels(None), jax.ensure_compile_time_eval():
         self._initial = jax.jit(jax.vmap(self._first))(self.pool)
     return self._initial
 

@@ -21,7 +21,7 @@ from xrlflow_jax.search.taso_style import taso
 from xrlflow_jax.search.beam import beam
 from xrlflow_jax.search.expand import Expander
 from xrlflow_jax.search.greedy import greedy
-from xrlflow_jax.search.policy import policy
+from xrlflow_jax.search.policy import DEFAULT_STEPS as POLICY_STEPS, policy
 from xrlflow_jax.search.random_search import random_search
 from xrlflow_jax.search.result import METHODS, SearchError, SearchResult
 
@@ -65,12 +65,16 @@ def get_expander(ruleset: RuleSet, coeffs: cost_model.CostCoefficients,
 
 def expected_expansions(method: str, options: dict[str, Any]) -> int | None:
   """The most graphs `method` expands with `options` (its defaults where not given): taso's
-  budget, greedy's max_steps, beam's steps x beam_width, random's num_rollouts x steps; None
-  where unbounded or unknown (policy without steps)."""
+  budget, greedy's max_steps, beam's steps x beam_width, random's num_rollouts x steps,
+  policy's (1 + num_samples) x steps; None where unbounded or unknown."""
   params = inspect.signature(DRIVERS[method]).parameters
   get = lambda name: options.get(name, params[name].default if name in params else None)
+  if method == "policy":  # 1 + num_samples rollouts of `steps` (default: the env's horizon)
+    env = options.get("env")
+    steps = get("steps") or (env.horizon if env is not None else POLICY_STEPS)
+    return (1 + int(get("num_samples"))) * int(steps)
   counts = {"taso": ("budget",), "greedy": ("max_steps",), "beam": ("steps", "beam_width"),
-            "random": ("num_rollouts", "steps"), "policy": ("steps",)}[method]
+            "random": ("num_rollouts", "steps")}[method]
   values = [get(name) for name in counts]
   if any(v is None for v in values):
     return None

@@ -155,7 +155,10 @@ def policy(graph: layout.Graph, params: ParamStore, expander: Expander, *, agent
   started = time.perf_counter()
   g0 = check_graph(graph, expander.ruleset)
   net_fn = _policy_net(agent, env)
-  jgraph = jax.tree_util.tree_map(jnp.asarray, g0)
+  # Committed to the device as `apply_at`'s children are, so every step calls the network's
+  # one compiled executable (an uncommitted first graph would compile it a second time).
+  device = jax.devices()[0]
+  jgraph = jax.tree_util.tree_map(lambda x: jax.device_put(x, device), g0)
   first = expander.costs(jgraph)
   def leaf_shapes() -> list[tuple[int, ...]]:
     shapes = jax.eval_shape(net_fn.init, jax.random.PRNGKey(0), jgraph, first)  # traces only
