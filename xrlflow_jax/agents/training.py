@@ -83,9 +83,9 @@ def train_ppo(names: Sequence[str], graphs: Sequence[Graph], params: Sequence[Pa
       policy's rollouts do (`search.fill_kernel_table` fills them from the graphs a TASO-style
       search meets); None: the roofline. After every chunk the kernels of the graphs training
       holds (each pool graph's best, each environment's current and episode-best graph) that
-      the table lacks are measured, and the environment is rebuilt on the grown table with
-      those costs redone (`KernelCompletion`), so no graph training keeps is costed by the
-      roofline: training's best has the cost the searches' model gives it.
+      the table lacks are measured, and the grown table replaces the state's (an input of the
+      compiled chunk) with those costs redone (`KernelCompletion`), so no graph training keeps
+      is costed by the roofline: training's best has the cost the searches' model gives it.
     devices: the trainer's devices (default: every local device).
   """
   t0 = time.perf_counter() if started is None else started

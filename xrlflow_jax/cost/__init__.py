@@ -28,7 +28,7 @@ from xrlflow_jax.cost.signatures import OpSignature, ProfileError, graph_signatu
 __all__ = [
     "CostCoefficients", "CostModelError", "FEATURE_NAMES", "FitReport", "GraphProfile",
     "KernelTable", "KernelTimes", "ModelCost", "OpSignature", "ProfileCache", "ProfileError",
-    "Profiler", "bound_kernels", "calibrate", "coefficients", "fit_coefficients", "fit_from_profiles",
-    "graph_cost", "graph_features", "graph_signatures", "load_coefficients", "node_costs",
-    "node_features", "save_coefficients",
+    "Profiler", "bound_kernels", "calibrate", "coefficients", "fit_coefficients",
+    "fit_from_profiles", "graph_cost", "graph_features", "graph_signatures", "load_coefficients",
+    "node_costs", "node_features", "save_coefficients",
 ]
