@@ -95,7 +95,7 @@ def test_the_process_keeps_a_bounded_number_of_compiled_instances(cache_dir, mon
   assert len(f._entries) == 1 and len(g._entries) == 2
   assert f.instances == 2
   np.testing.assert_array_equal(f(x, n=1), first)  # made again: loaded from the disk
-  assert (f.traces, f.loads) == (2, 1)
+  assert (f.traces, f.loads) == (2, 1) and f.distinct_instances == 2
 
 
 def test_a_module_constant_changed_at_run_time_is_a_different_entry(cache_dir, monkeypatch):

@@ -364,6 +364,7 @@ class PersistentJit:
     self.loads = 0
     self.first_calls = 0  # calls that were an instance's first (its compile, or its wait)
     self._entries: dict[Any, _Entry] = {}
+    self._keys_made: set[Any] = set()  # every key an instance was made for, evicted or alive
     self._lock = threading.Lock()
     self._closure_key: str | None | bool = False  # False: not computed yet; None: untrusted
     self._modules: set[str] = set()
@@ -371,6 +372,12 @@ class PersistentJit:
   @property
   def instances(self) -> int:
     return self.traces + self.loads
+
+  @property
+  def distinct_instances(self) -> int:
+    """Distinct keys an instance was made for: `instances` less the remakes of a key whose
+    instance the live-instance bound (`MAX_LIVE_INSTANCES`) dropped."""
+    return len(self._keys_made)
 
   def __call__(self, *args: Any, **static: Any) -> Any:
     entry, leaves = self._entry(args, static)
@@ -454,6 +461,7 @@ class PersistentJit:
         if entry is None:
           entry = self._instance(in_tree, specs, static)
           self._entries[local] = entry
+          self._keys_made.add(local)
     if entry.ready is not None and not entry.compiled:
       entry.ready.wait()  # another thread is compiling it (`prepare`, `compile_in`)
     _touch(self, local)
