@@ -2,7 +2,7 @@ r"""The optimise job's command line: optimises a model's graph and writes the re
 measured evidence. Installed as `xrlflow optimize`; `python -m experiments.optimize` is the same
 binary in a checkout.
 
-    xrlflow optimize                      # tiny SqueezeNet, a short PPO run
+    xrlflow optimize                      # tiny NasRNN, a short PPO run
     xrlflow optimize --model=squeezenet1_1 --size=tiny --method=greedy
     xrlflow optimize --onnx=../shared/models/squeezenet1_1.onnx --method=taso --budget=50 \
         --output=/tmp/sq
@@ -30,7 +30,7 @@ from xrlflow_jax import optimize as opt
 from xrlflow_jax.cli import flags as cli_flags
 from xrlflow_jax.errors import UsageError, XrlflowError
 
-_MODEL = flags.DEFINE_string("model", None, "A zoo model name (default: squeezenet1_1 when "
+_MODEL = flags.DEFINE_string("model", None, "A zoo model name (default: nasrnn when "
                              "neither --model nor --onnx is given).")
 _ONNX = flags.DEFINE_string("onnx", None, "An ONNX file to optimise (instead of --model).")
 _SHAPES = flags.DEFINE_multi_string("input_shape", [], "ONNX input shape, name=d0,d1,...; "
@@ -47,8 +47,10 @@ _CAPACITY = flags.DEFINE_integer("capacity", 0, "Node slots (0: 1.3 x the node c
 _RULES = flags.DEFINE_list("rules", [], "Rules and rule sets: built-in rule names, 'builtin', "
                            "'family:<name>' (e.g. family:merge_conv), 'taso:<path to TASO's "
                            "graph_subst.pb>' (or 'taso' with $XRLFLOW_TASO_RULES), joined by "
-                           "commas or '+' (default: every built-in rule for the searches; the "
-                           "PPO test config's five for ppo). The searches keep the rules that "
+                           "commas or '+' (default: every built-in rule for the searches; for "
+                           "ppo the first of the job's rule sets that applies: the MatMul "
+                           "merges with the transposed layout, else five conv rules). The "
+                           "searches keep the rules that "
                            "can fire.")
 _MEASURE = flags.DEFINE_bool("measure", True, "Measure XLA latency of both graphs.")
 _TIMING = cli_flags.define_timing_flags(rounds_name="latency_rounds", looks_name="latency_looks",

@@ -99,8 +99,8 @@ def _ruleset(names: Sequence[str], max_locations: int, taso_file: str | None = N
 
 
 def ppo_config(budget: int | None = None, seed: int = 0, rules: Sequence[str] | None = None):
-  """The short-run PPO config: `configs.ppo.get_config("test")` with `budget` updates."""
-  c = ppo_configs.get_config("test")
+  """The short-run PPO config: `configs.ppo.get_config("job")` with `budget` updates."""
+  c = ppo_configs.get_config("job")
   if budget:
     c.ppo.total_timesteps = int(c.ppo.num_envs) * int(c.ppo.num_steps) * int(budget)
   if rules:
@@ -117,10 +117,12 @@ def rules_match(graph: layout.Graph, names: Sequence[str], max_locations: int) -
 
 
 def default_ppo_rules(graph: layout.Graph, max_locations: int) -> tuple[str, ...]:
-  """The rule set PPO trains with when none is given: the test config's five conv rules
-  (SqueezeNet's enlarge-then-merge situation) when one of them applies, else the default
-  config's wider set, else every built-in rule. OptimizeError when no rule applies at all."""
-  for names in (ppo_configs.TEST_RULES, ppo_configs.DEFAULT_RULES, ("all",)):
+  """The rule set PPO trains with when none is given: the first of `configs.ppo.JOB_RULES`
+  that applies somewhere in `graph` (the MatMul merges with the transposed layout, NasRNN's
+  merge-after-a-loss situation; the five conv rules, SqueezeNet's enlarge-then-merge), else
+  the default config's wider set, else every built-in rule. OptimizeError when no rule
+  applies at all."""
+  for names in (*ppo_configs.JOB_RULES, ppo_configs.DEFAULT_RULES, ("all",)):
     if rules_match(graph, names, max_locations):
       return tuple(names)
   raise OptimizeError("no built-in rule applies anywhere in this graph; nothing to optimise")
@@ -176,7 +178,7 @@ def run_ppo(loaded: Loaded, coeffs: cost.CostCoefficients, *, budget: int | None
       f"{len(found.rewrites)} rewrites; training's best {train_cost:.4f} ms")
   details.update({"policy_cost_ms": found.best_cost_ms, "policy": search_details(found)})
   if train_cost < found.best_cost_ms * (1.0 - 1e-6):
-    steps = training_rewrites(loaded.graph, ruleset, state, train_graph)
+    steps = training_rewrites(loaded.graph, expander, state, train_graph)
     if steps is None:  # cannot happen unless replay and the environment disagree: say so
       details["training_replay"] = "mismatch: the policy's graph is returned instead"
       log("  training's best graph does not replay from its recorded rewrites; the policy's "
@@ -187,23 +189,41 @@ def run_ppo(loaded: Loaded, coeffs: cost.CostCoefficients, *, budget: int | None
           "training", found.input_graph, train_graph, path, found.initial_cost_ms, train_cost,
           found_cost_ms=train_cost, found_rewrites=len(path))
       details["training_rewrites"] = len(steps)
+  greedy = search.optimize(loaded.graph, loaded.params, "greedy", expander=expander,
+                           seed=seed, measure=False)
+  details.update({"greedy_cost_ms": greedy.best_cost_ms, "greedy_rewrites": len(greedy.rewrites)})
+  log(f"  {_versus_greedy(found, greedy)}")
   if checkpoints and found.rewrites and found.best_cost_ms < found.initial_cost_ms:
     found.checkpoints = guard_lib.checkpoint_prefixes(expander, loaded.graph, found.rewrites,
                                                       found.initial_cost_ms, checkpoints)
   return found, details
 
 
+def _versus_greedy(found: search.SearchResult, greedy: search.SearchResult) -> str:
+  """How the agent's graph compares with the greedy search's on the same rules (modelled)."""
+  agent = found.initial_cost_ms / found.best_cost_ms
+  line = (f"greedy on the same rules: modelled x{found.initial_cost_ms / greedy.best_cost_ms:.3f} "
+          f"with {len(greedy.rewrites)} rewrites; the agent's x{agent:.3f} with "
+          f"{len(found.rewrites)}")
+  if not greedy.rewrites and found.rewrites:
+    line += " (no single rewrite lowers the input's modelled cost, so greedy stops there)"
+  return line
+
+
 def training_rewrites(graph: layout.Graph, ruleset: Any, state: Any,
                       best_graph: layout.Graph, index: int = 0) -> list[dict[str, Any]] | None:
   """The recorded rewrites of the best graph training met for pool graph `index` (the rows of
   `RunnerState.best_rewrites`), as JSON-ready `search.RewriteStep`s, checked by replaying them
-  onto `graph`: None when the replay does not rebuild `best_graph` (same structural hash)."""
+  onto `graph` (with `ruleset`, a RuleSet or the search's Expander, whose compiled edit it
+  reuses): None when the replay does not rebuild `best_graph` (same structural hash)."""
+  replayer = ruleset
+  ruleset = getattr(ruleset, "ruleset", ruleset)
   count = int(np.asarray(state.best_num_rewrites)[index])
   rows = np.asarray(state.best_rewrites)[index][:count]
   steps = [search.RewriteStep(ruleset.names[int(r[0])], int(r[0]), int(r[1]),
                               tuple(int(v) for v in r[2:])) for r in rows]
   try:
-    replayed = search.replay(graph, ruleset, steps)
+    replayed = search.replay(graph, replayer, steps)
   except search.SearchError:
     return None
   if G.structural_hash(replayed) != G.structural_hash(best_graph):

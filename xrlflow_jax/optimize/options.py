@@ -28,12 +28,12 @@ class OptimizeOptions:
     method: "ppo" (short training + policy), "greedy", "taso", "beam" or "random".
     size: zoo size; input_shapes: ONNX dynamic input shapes {name: shape}.
     output_dir: where to write (default `report.default_output_dir`).
-    budget: "ppo": PPO updates (default: the test config's 12); other methods: greedy's
+    budget: "ppo": PPO updates (default: the job config's 12); other methods: greedy's
       max_steps, taso's budget (graphs expanded), beam's and random's steps (see
       `methods.BUDGET_OPTION`); None: the search's default.
     seed: weights, search and training seed; capacity: node slots (default auto).
     rules: rule names (default: every built-in rule for the searches; for "ppo"
-      `methods.default_ppo_rules`, the test config's five when they apply).
+      `methods.default_ppo_rules`: the first of `configs.ppo.JOB_RULES` that applies).
     search_options: extra keyword options of `search.optimize`.
     measure: time the input and the result with XLA (latency_rounds rounds of
       repeats_per_round runs each, more runs per round for a fast graph so that a round lasts

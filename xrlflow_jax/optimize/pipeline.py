@@ -24,7 +24,7 @@ from xrlflow_jax.search import SearchResult
 from xrlflow_jax.search.guard import kept_slot, measured_guard
 from xrlflow_jax.workflow import Loaded, load
 
-DEFAULT_MODEL = "squeezenet1_1"
+DEFAULT_MODEL = "nasrnn"
 
 
 def load_source(source: str, *, size: str = "tiny",
