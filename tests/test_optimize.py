@@ -375,13 +375,15 @@ def test_cli_usage_errors(argv, message):
 
 @pytest.mark.slow
 def test_ppo_default(tmp_path):
-  """The no-flag default: tiny SqueezeNet, a short PPO run, then the policy driver; whichever
-  of the two found the graph returned, rewrites.json replays onto the input to it."""
+  """The no-flag default: tiny NasRNN, a short PPO run, then the policy driver; the agent (not
+  a search) lowers the modelled cost by well over 10% (seed 0 reaches ~0.46 of the input's),
+  greedy on the same rules is reported beside it, and rewrites.json replays onto the input."""
   report = opt.optimize_model(output_dir=tmp_path / "ppo", keep_slower=True, **FAST)
   assert report.method == "ppo" and report.found_by in ("policy", "training")
   assert report.numerics.passed
-  assert report.cost_after_ms <= report.cost_before_ms
+  assert report.cost_after_ms < 0.9 * report.cost_before_ms, report.details
   assert "train_best_cost_ms" in report.details
+  assert report.details["greedy_cost_ms"] <= report.cost_before_ms
   assert (tmp_path / "ppo" / "report.json").is_file()
   assert report.rewrites is not None
   rules = json.loads((tmp_path / "ppo" / "rewrites.json").read_text())["rules"]
