@@ -670,3 +670,33 @@ def test_target_onnxruntime_judges_the_result_against_the_users_file(zoo_report,
                        (dict(target="tvm"), "unknown runtime 'tvm'")):
     with pytest.raises(opt.OptimizeError, match=message):
       opt.optimize_model(str(source), method="greedy", write=False, **bad)
+
+
+def test_a_silent_phase_says_how_long_it_has_run_and_what_xla_compiled():
+  """`optimize.heartbeat.Heartbeat`: inside a phase that prints nothing, a line after every
+  `every_s` (with the XLA compiles finished in the phase); a phase that logs is not interrupted;
+  0 switches the lines off. The job's options refuse a negative interval, naming it."""
+  from xrlflow_jax.optimize.heartbeat import Heartbeat  # pylint: disable=g-import-not-at-top
+  import time  # pylint: disable=g-import-not-at-top
+  lines: list[str] = []
+  log = Heartbeat(lines.append, every_s=0.1)
+  with log.phase("compiling a toy"):
+    scale = float(np.random.default_rng().integers(2, 1 << 30))  # a new program: no cache hit
+    jax.jit(lambda x: x * scale + 1.0)(np.arange(7, dtype=np.float32)).block_until_ready()
+    time.sleep(0.5)
+  beats = [line for line in lines if line.startswith("  ... compiling a toy: ")]
+  assert len(beats) >= 2 and "s so far" in beats[0], lines
+  assert "XLA compiled 1 program" in beats[-1], lines
+  lines.clear()
+  log = Heartbeat(lines.append, every_s=1.0)
+  with log.phase("chatty"):
+    for i in range(20):
+      log(f"step {i}")
+      time.sleep(0.02)
+  assert lines == [f"step {i}" for i in range(20)]
+  lines.clear()
+  with Heartbeat(lines.append, every_s=0).phase("off"):
+    time.sleep(0.2)
+  assert not lines
+  with pytest.raises(opt.OptimizeError, match="progress_seconds must be a number >= 0"):
+    opt.OptimizeOptions(progress_seconds=-1).checked("squeezenet1_1")

@@ -83,6 +83,9 @@ _AGAINST = flags.DEFINE_string("against", "", "An ONNX file of the same model op
                                "another tool (e.g. TASO's output), same inputs: timed in the "
                                "same rounds as the input and the result, its outputs checked "
                                "against the input's when both files carry weights.")
+_PROGRESS = flags.DEFINE_float("progress_seconds", 20.0, "While a phase prints nothing for this "
+                               "many seconds, a line says how long it has run and what XLA "
+                               "compiled meanwhile (0: no such lines).")
 _COEFFS = flags.DEFINE_string("cost_coefficients", "", "Cost-model coefficients (JSON) to use "
                               "(default: the shipped fit for this device kind, else a "
                               "calibration made on first use and cached).")
@@ -118,7 +121,7 @@ def main(argv: Sequence[str]) -> None:
         cost_coefficients=_COEFFS.value or None, precision=_PRECISION.value,
         kernel_table=_KERNELS.value, against=_AGAINST.value or None,
         checkpoints=_CHECKPOINTS.value, random_weights=_RANDOM_WEIGHTS.value,
-        target=_TARGET.value)
+        target=_TARGET.value, progress_seconds=_PROGRESS.value)
     report = opt.optimize_model(source, options)
   except UsageError as e:  # bad input: one line, no usage text, no traceback
     raise SystemExit(f"error: {e}") from None

@@ -73,6 +73,9 @@ class OptimizeOptions:
     random_weights: run an ONNX file whose external data is absent (a graph-only file) on
       seeded random weights (`workflow.load`); the report and the written file's metadata say
       so. False: such a file (the model or `against`) is refused, naming the missing file.
+    progress_seconds: while a phase (loading, searching, checking and measuring, writing)
+      prints nothing for this long, a line says how long it has run and what XLA compiled
+      meanwhile (`optimize.heartbeat`); 0: no such lines.
   """
   method: str = "ppo"
   size: str = "tiny"
@@ -100,6 +103,7 @@ class OptimizeOptions:
   checkpoints: int = DEFAULT_CHECKPOINTS
   random_weights: bool = False
   target: str = "xla"
+  progress_seconds: float = 20.0
 
   @classmethod
   def of(cls, options: OptimizeOptions | None = None, **settings: Any) -> OptimizeOptions:
@@ -131,6 +135,10 @@ class OptimizeOptions:
       ort.check_runtime(self.target)
     except UsageError as e:
       raise OptimizeError(f"{e} (--target)") from None
+    if isinstance(self.progress_seconds, bool) or not isinstance(
+        self.progress_seconds, (int, float)) or not self.progress_seconds >= 0:
+      raise OptimizeError(f"progress_seconds must be a number >= 0 (0: no progress lines), got "
+                          f"{self.progress_seconds!r}")
     if self.target != "xla" and not self.measure:
       raise OptimizeError(f"--target={self.target} judges the result by measuring it: it "
                           "needs --measure")

@@ -17,6 +17,7 @@ from xrlflow_jax.errors import MissingWeightsError
 from xrlflow_jax.measure import NumericsCheck, NumericsError, check_numerics, compare
 from xrlflow_jax.optimize import checks, methods
 from xrlflow_jax.optimize.checks import OptimizeError
+from xrlflow_jax.optimize.heartbeat import Heartbeat
 from xrlflow_jax.optimize.methods import BUDGET_OPTION
 from xrlflow_jax.optimize.options import OptimizeOptions
 from xrlflow_jax.optimize.report import OptimizeReport, default_output_dir, write_outputs
@@ -63,7 +64,8 @@ def optimize_model(source: str | Loaded = DEFAULT_MODEL, options: OptimizeOption
       e.g. a traced JAX function: `optimize_jax`).
     options: the job's settings (`OptimizeOptions`; default: its defaults), with `settings`
       (its field names) replaced.
-    log: where progress lines go.
+    log: where progress lines go (inside each phase also a line after every
+      `progress_seconds` without one: `optimize.heartbeat`).
   Raises:
     OptimizeError (bad input), OnnxImportError, NumericsError (nothing written), SearchError.
   """
@@ -71,9 +73,11 @@ def optimize_model(source: str | Loaded = DEFAULT_MODEL, options: OptimizeOption
   source = given.label if given else str(source)
   opts = OptimizeOptions.of(options, **settings).checked(None if given else source)
   cache_dir = compilation_cache.enable(opts.compilation_cache_dir)
+  log = Heartbeat(log, opts.progress_seconds)
   times: dict[str, float] = {}
   t = time.perf_counter()
-  loaded, other = _load(given or source, opts, log)
+  with log.phase("loading"):
+    loaded, other = _load(given or source, opts, log)
   out = Path(opts.output_dir) if opts.output_dir else default_output_dir(loaded.label,
                                                                           opts.method)
   if opts.write:
@@ -81,18 +85,21 @@ def optimize_model(source: str | Loaded = DEFAULT_MODEL, options: OptimizeOption
   times["load"] = time.perf_counter() - t
 
   t = time.perf_counter()
-  found, details = _search(loaded, opts, log)
+  with log.phase(f"searching with {opts.method}"):
+    found, details = _search(loaded, opts, log)
   details["compilation_cache"] = str(cache_dir) if cache_dir else "off"
   times.update(_search_times(found, time.perf_counter() - t))
 
   t = time.perf_counter()
-  result, numerics = _guard(loaded, other, found, opts, log)
+  with log.phase("checking numerics and measuring" if opts.measure else "checking numerics"):
+    result, numerics = _guard(loaded, other, found, opts, log)
   times["check+measure" if opts.measure else "check"] = time.perf_counter() - t
 
   export = None
   if loaded.kind == "onnx":
     t = time.perf_counter()
-    result, export = _check_export(loaded, result, opts, log)
+    with log.phase("checking the ONNX file to be written"):
+      result, export = _check_export(loaded, result, opts, log)
     times["export check"] = time.perf_counter() - t
 
   report = OptimizeReport(
@@ -105,7 +112,8 @@ def optimize_model(source: str | Loaded = DEFAULT_MODEL, options: OptimizeOption
                   if k in result.options}},
       against=_against(str(opts.against), other, loaded, result, opts.seed) if other else None)
   if opts.write:
-    write_outputs(report, loaded, out, picture=opts.picture, log=log)
+    with log.phase("writing"):
+      write_outputs(report, loaded, out, picture=opts.picture, log=log)
   else:
     times["total"] = sum(times.values())
   return report
