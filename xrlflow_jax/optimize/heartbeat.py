@@ -7,7 +7,8 @@ meanwhile (counted from JAX's compile events), so a long compile never looks lik
 
     log = Heartbeat(print, every_s=20)
     with log.phase("searching with taso"):
-      ...  # "  ... searching with taso: 40 s so far; XLA compiled 6 programs (31 s)"
+      ...  # "  ... searching with taso: 40 s so far; XLA compiled 43 programs (55 s of
+           #  compile, threads together)": compiles in background threads add up
 """
 
 from __future__ import annotations
@@ -55,7 +56,8 @@ class Heartbeat:
     compilations (`compile_s` seconds) finished in it."""
     text = f"  ... {name}: {elapsed:.0f} s so far"
     if compiles:
-      text += f"; XLA compiled {compiles} program{'s' if compiles > 1 else ''} ({compile_s:.0f} s)"
+      text += (f"; XLA compiled {compiles} program{'s' if compiles > 1 else ''} "
+               f"({compile_s:.0f} s of compile, threads together)")
     return text
 
   @contextlib.contextmanager
