@@ -673,5 +673,20 @@ def test_training_costs_every_graph_it_holds_as_the_search_does():
   assert rewritten > 0  # the check saw rewritten graphs, not only pool copies
   best, best_cost = trained.best(0)
   assert best_cost == pytest.approx(float(expander.cost(best)), rel=1e-5)
+  assert best_cost <= float(trained.state.initial_cost[0])  # never a best above the input
   # What the policy driver costs with after training: the grown table.
   assert float(trained.run.env.cost_fn(best)) == pytest.approx(best_cost, rel=1e-5)
+
+
+def test_a_recosted_best_above_its_start_is_the_start_again():
+  """`training.no_worse_than_start`: after a kernel table grows, a best that now costs more
+  than the graph its run started from gives way to that graph (its rows and counts reset to
+  the filling given); the others are kept as they are."""
+  best_cost = jnp.array([1.0, 3.0, 2.0], jnp.float32)
+  start_cost = jnp.array([2.0, 2.0, 2.0], jnp.float32)
+  held = (jnp.arange(6, dtype=jnp.int32).reshape(3, 2), jnp.array([4, 5, 6], jnp.int32))
+  start = (jnp.full([3, 2], 9, jnp.int32), 0)
+  cost_kept, (graphs, counts) = training.no_worse_than_start(best_cost, held, start_cost, start)
+  np.testing.assert_array_equal(cost_kept, [1.0, 2.0, 2.0])
+  np.testing.assert_array_equal(graphs, [[0, 1], [9, 9], [4, 5]])
+  np.testing.assert_array_equal(counts, [4, 0, 6])

@@ -221,9 +221,33 @@ def recost(cost_fn: Callable[[Graph], jax.Array], pool: Graph,
   joined = jax.tree_util.tree_map(lambda *xs: jnp.concatenate(xs, axis=0), *parts)
   costs = batch_costs(cost_fn, state.kernels, joined)
   initial, best, current, episode_best = jnp.split(costs, np.cumsum(sizes)[:-1])
+  best, (best_graph, best_rewrites, best_num) = no_worse_than_start(
+      best, (state.best_graph, state.best_rewrites, state.best_num_rewrites), initial,
+      (pool, -1, 0))
 
   def fix(inner):
-    return inner.replace(cost=current, best_cost=episode_best,
-                         initial_cost=initial[inner.graph_index])
-  return state.replace(initial_cost=initial, best_cost=best,
+    start = initial[inner.graph_index]
+    start_graph = jax.tree_util.tree_map(lambda a: a[inner.graph_index], pool)
+    episode, (episode_graph,) = no_worse_than_start(episode_best, (inner.best_graph,), start,
+                                                    (start_graph,))
+    return inner.replace(cost=current, best_cost=episode, best_graph=episode_graph,
+                         initial_cost=start)
+  return state.replace(initial_cost=initial, best_cost=best, best_graph=best_graph,
+                       best_rewrites=best_rewrites, best_num_rewrites=best_num,
                        env_state=wrappers.replace_inner_state(state.env_state, fix))
+
+
+def no_worse_than_start(best_cost: jax.Array, best: Any, start_cost: jax.Array, start: Any
+                        ) -> tuple[jax.Array, Any]:
+  """(best_cost, best) where each recosted best (float32[M], with `best`: a pytree of leading
+  [M]) that now costs more than its start (`start_cost` float32[M]) is the start again:
+  `start`'s matching leaf ([M, ...], or a scalar filling, e.g. -1 for no rewrite rows). A
+  graph that looked cheaper on a table's roofline fallback can cost more once its kernels are
+  measured; the start is then the better graph held."""
+  worse = best_cost > start_cost  # [M]
+
+  def pick(held: jax.Array, fallback: Any) -> jax.Array:
+    mask = worse.reshape(worse.shape + (1,) * (jnp.ndim(held) - 1))
+    return jnp.where(mask, jnp.asarray(fallback, jnp.asarray(held).dtype), held)
+  kept = jax.tree_util.tree_map(pick, best, start)
+  return jnp.where(worse, start_cost, best_cost), kept
