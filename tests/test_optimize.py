@@ -12,6 +12,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import jax
@@ -677,7 +678,6 @@ def test_a_silent_phase_says_how_long_it_has_run_and_what_xla_compiled():
   `every_s` (with the XLA compiles finished in the phase); a phase that logs is not interrupted;
   0 switches the lines off. The job's options refuse a negative interval, naming it."""
   from xrlflow_jax.optimize.heartbeat import Heartbeat  # pylint: disable=g-import-not-at-top
-  import time  # pylint: disable=g-import-not-at-top
   lines: list[str] = []
   log = Heartbeat(lines.append, every_s=0.1)
   with log.phase("compiling a toy"):

@@ -43,7 +43,7 @@ class Heartbeat:
   def __call__(self, line: str) -> None:
     with self._lock:
       self._last = time.monotonic()
-      self._log(line)
+    self._log(line)  # outside the lock: compile threads take it to count their compiles
 
   def _on_event(self, event: str, seconds: float, **_: Any) -> None:
     if event == _COMPILE_EVENT:
@@ -84,8 +84,9 @@ class Heartbeat:
           if now < self._last + self.every_s:  # a line came meanwhile
             continue
           self._last = now
-          self._log(self.line(name, now - start, self._compiles - base[0],
-                              self._compile_s - base[1]))
+          text = self.line(name, now - start, self._compiles - base[0],
+                           self._compile_s - base[1])
+        self._log(text)
 
     jax.monitoring.register_event_duration_secs_listener(self._on_event)
     thread = threading.Thread(target=beat, name=f"heartbeat: {name}", daemon=True)

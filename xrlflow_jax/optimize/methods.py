@@ -17,6 +17,7 @@ from xrlflow_jax.agents import training
 from xrlflow_jax.configs import ppo as ppo_configs
 from xrlflow_jax.graph import layout
 from xrlflow_jax.optimize.checks import OptimizeError
+from xrlflow_jax.rules import RuleSet
 from xrlflow_jax.rules.library import builtin_rules
 from xrlflow_jax.search import guard as guard_lib
 from xrlflow_jax.measure.guard import DEFAULT_CHECKPOINTS
@@ -210,14 +211,14 @@ def _versus_greedy(found: search.SearchResult, greedy: search.SearchResult) -> s
   return line
 
 
-def training_rewrites(graph: layout.Graph, ruleset: Any, state: Any,
+def training_rewrites(graph: layout.Graph, replayer: RuleSet | search.Expander, state: Any,
                       best_graph: layout.Graph, index: int = 0) -> list[dict[str, Any]] | None:
   """The recorded rewrites of the best graph training met for pool graph `index` (the rows of
   `RunnerState.best_rewrites`), as JSON-ready `search.RewriteStep`s, checked by replaying them
-  onto `graph` (with `ruleset`, a RuleSet or the search's Expander, whose compiled edit it
-  reuses): None when the replay does not rebuild `best_graph` (same structural hash)."""
-  replayer = ruleset
-  ruleset = getattr(ruleset, "ruleset", ruleset)
+  onto `graph` with `replayer` (as `search.replay`: the training's RuleSet, or the search's
+  Expander over it, whose compiled edit is then reused): None when the replay does not
+  rebuild `best_graph` (same structural hash)."""
+  ruleset = replayer.ruleset if isinstance(replayer, search.Expander) else replayer
   count = int(np.asarray(state.best_num_rewrites)[index])
   rows = np.asarray(state.best_rewrites)[index][:count]
   steps = [search.RewriteStep(ruleset.names[int(r[0])], int(r[0]), int(r[1]),
