@@ -610,6 +610,39 @@ def test_chunked_training_equals_one_call_and_stops_at_its_time_budget():
   assert any("stopped at the time budget" in s for s in lines)
 
 
+def test_a_run_that_returns_nothing_has_learned_nothing():
+  """`training.learned_something`: the restart test of `train_ppo` (a run collapsed to
+  stopping returns 0; NaN marks updates where no episode ended)."""
+  assert training.learned_something(np.array([0.2, np.nan, 0.1]))
+  assert not training.learned_something(np.array([0.0, -0.0, 0.0]))
+  assert not training.learned_something(np.array([-0.5, 0.3]))
+  assert not training.learned_something(np.array([np.nan, np.nan]))
+  assert not training.learned_something(np.zeros([0]))
+
+
+@pytest.mark.slow  # compiles a PPO chunk; see README for -m slow
+def test_a_run_that_learns_nothing_is_followed_by_the_next_seed():
+  """`config.restarts`: with one rule that only raises the cost (unfusing a conv's ReLU), no
+  run can return a gain, so every allowed run is trained, from consecutive seeds with the one
+  compiled chunk, and the lowest best cost is kept (all equal the input's: the first)."""
+  loaded = workflow.load("squeezenet1_1", size="tiny", capacity=128)
+  config = ppo_configs.get_config("test")
+  config.ppo.total_timesteps = config.ppo.num_envs * config.ppo.num_steps * 2  # 2 updates
+  config.env.rules = ("conv_bias_relu_unfuse",)
+  config.restarts = 3
+  config.seed = 5
+  lines: list[str] = []
+  trained = training.train_ppo(["sq"], [loaded.graph], [loaded.params], config,
+                               cost.load_coefficients(), log=lines.append, updates_per_chunk=2)
+  batch = trained.run.trainer.config.batch_size
+  assert len(trained.restart_ratios) == 3 and trained.env_steps == 3 * 2 * batch
+  assert trained.restart_ratios == (1.0, 1.0, 1.0) and trained.seed == 5
+  assert trained.chunk_programs == 1
+  assert [s.strip().split(":")[0] for s in lines if "update 2/2" in s] == [
+      "seed 5", "seed 6", "seed 7"]
+  assert any("kept seed 5, the best of 3 runs" in s for s in lines)
+
+
 def test_training_environment_costs_with_a_kernel_table():
   """runs.build(kernels=...): the environment's reward cost and node costs are the cost model
   with those measured kernels (what the searches and the policy's rollouts use), not the

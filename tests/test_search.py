@@ -783,6 +783,41 @@ def test_measured_guard_returns_a_prefix_measured_faster(monkeypatch, gate_merge
   assert measure.guard.fastest_faster([_verdict("no change")]) is None
 
 
+def test_measured_guard_returns_another_drivers_graph_measured_faster(monkeypatch,
+                                                                       gate_merge_expander):
+  """A `Checkpoint` with its own `path` (training's best beside the policy's graph) is timed
+  with the found path, and returned with its own rewrites and finder when it measured faster;
+  when it did not, the found path is kept as it was."""
+  ex = gate_merge_expander
+  graph, params = recurrent_toy(ways=8)
+  found = search.optimize(graph, params, "taso", expander=ex, budget=4)  # modelled guard only
+  assert len(found.rewrites) == 9
+  steps = tuple(found.rewrites[:3])
+  other = search.replay(graph, ex, list(steps))
+  alternative = search.Checkpoint(3, other, float(ex.cost(other)), path=steps,
+                                  found_by="training")
+  ratios = []
+
+  def fake(a, candidates, p, **kw):
+    verdicts = [measure.Speedup(r, r - 0.05, r + 0.05, 1.0, 0.97, 1.03, "faster", kw["level"], 6)
+                for r in ratios]
+    return measure.Comparison(_stats(1.0), _stats(1.0), [_stats(1 / r) for r in ratios],
+                              verdicts)
+  monkeypatch.setattr(search.guard, "compare", fake)
+  ratios[:] = [1.1, 1.3]
+  res = search.measured_guard(dataclasses.replace(found, checkpoints=[alternative]), params,
+                              rounds=6)
+  assert res.method == "training" and res.rewrites == list(steps)
+  assert res.options["checkpoint"]["found_by"] == "training"
+  assert res.options["checkpoint"]["rejected_found_by"] == "taso"
+  assert res.best_graph is other and res.measured.ratio == pytest.approx(1.3)
+  assert G.structural_hash(search.replay(graph, ex, res.rewrites)) == G.structural_hash(other)
+  ratios[:] = [1.3, 1.1]
+  res = search.measured_guard(dataclasses.replace(found, checkpoints=[alternative]), params,
+                              rounds=6)
+  assert res.method == "taso" and res.rewrites == found.rewrites and res.guard.kept == "path"
+
+
 def test_a_fast_compile_search_builds_its_first_expansion_in_windows(toy, ruleset, expander,
                                                                      monkeypatch):
   """Compiled for a fast compile, a search's first expansion runs the bucket `prepare` traced on

@@ -46,6 +46,9 @@ class TrainedPolicy:
     chunk_programs: instances of the jitted training chunk made (traced or loaded from the
       disk), over every trainer the run used: 1 when the kernel table grew within the compiled
       program.
+    seed: the seed of the run kept (`config.seed` plus its restart's index).
+    restart_ratios: per restart run, in order, the mean over the pool of training's best cost
+      over the initial cost (the lowest was kept).
   """
   run: Any
   state: Any
@@ -55,6 +58,8 @@ class TrainedPolicy:
   costs_with: str = "the roofline"
   kernels_added: int = 0
   chunk_programs: int = 0
+  seed: int = 0
+  restart_ratios: tuple[float, ...] = ()
 
   def best(self, index: int) -> tuple[Graph, float]:
     """(best graph seen during training, host arrays; its cost under the environment's model)
@@ -87,6 +92,13 @@ def train_ppo(names: Sequence[str], graphs: Sequence[Graph], params: Sequence[Pa
       compiled chunk) with those costs redone (`KernelCompletion`), so no graph training keeps
       is costed by the roofline: training's best has the cost the searches' model gives it.
     devices: the trainer's devices (default: every local device).
+
+  A short run can collapse to stopping at once on an unlucky seed (its episodes then return
+  nothing). Up to `config.restarts` runs (default 1) are trained in turn from seeds
+  `config.seed`, `config.seed + 1`, ... with the same compiled programs (a restart costs its
+  updates' run time, no compile): the next only after a run whose last chunk's mean episode
+  return is not above 0, and while the time budget lasts. The run whose best graphs cost
+  least (mean over the pool of best / initial cost; the earlier on a tie) is kept.
   """
   t0 = time.perf_counter() if started is None else started
   pool = (names, graphs, params)
@@ -103,18 +115,50 @@ def train_ppo(names: Sequence[str], graphs: Sequence[Graph], params: Sequence[Pa
     log(f"PPO on {list(names)} (capacity {G.capacity(graphs[0])}): {len(run.ruleset)} rules x "
         f"{run.ruleset.max_locations} locations, {cfg.num_updates} updates of {cfg.batch_size} "
         f"steps{budget}; environment costs with {costs_with}")
-  state = run.trainer.init(jax.random.PRNGKey(int(config.seed)))
+  restarts = max(1, int(config.get("restarts", 1)))
 
-  def progress(done, state, metrics, elapsed):
-    if log:
-      ratio = np.asarray(state.best_cost) / np.asarray(state.initial_cost)
-      ret = metrics["episode_return"]
-      ret = float(np.nanmean(ret)) if np.isfinite(ret).any() else float("nan")
-      log(f"  update {done}/{cfg.num_updates}: episode return {ret:.3f}, best cost ratio per "
-          f"graph {', '.join(f'{r:.4f}' for r in ratio)} ({elapsed:.0f}s)")
-  state, metrics, done = ppo.train_in_chunks(run.trainer, state, updates_per_chunk,
-                                             max_seconds=max_seconds, started=t0,
-                                             on_chunk=progress, refresh=completion)
+  def progress_of(label):
+    def progress(done, state, metrics, elapsed):
+      if log:
+        ratio = np.asarray(state.best_cost) / np.asarray(state.initial_cost)
+        ret = metrics["episode_return"]
+        ret = float(np.nanmean(ret)) if np.isfinite(ret).any() else float("nan")
+        log(f"  {label}update {done}/{cfg.num_updates}: episode return {ret:.3f}, best cost "
+            f"ratio per graph {', '.join(f'{r:.4f}' for r in ratio)} ({elapsed:.0f}s)")
+    return progress
+
+  trainer = run.trainer
+  kept = None  # (ratio, seed, state, metrics, done)
+  last_chunk = ppo.chunk_size(cfg.num_updates, updates_per_chunk)
+  ratios: list[float] = []
+  env_steps = 0
+  for restart in range(restarts):
+    seed = int(config.seed) + restart
+    label = f"seed {seed}: " if restarts > 1 else ""
+    state = trainer.init(jax.random.PRNGKey(seed))
+    state, metrics, done = ppo.train_in_chunks(trainer, state, updates_per_chunk,
+                                               max_seconds=max_seconds, started=t0,
+                                               on_chunk=progress_of(label), refresh=completion)
+    if completion is not None:
+      trainer = completion.run.trainer
+    env_steps += done * cfg.batch_size
+    last = state
+    ratio = float(np.mean(np.asarray(state.best_cost) / np.asarray(state.initial_cost)))
+    ratios.append(ratio)
+    if kept is None or ratio < kept[0]:
+      kept = (ratio, seed, state, metrics, done)
+    if learned_something(metrics["episode_return"][-last_chunk:]) or (max_seconds is not None and time.perf_counter() - t0 > max_seconds):
+      break
+  _, seed, state, metrics, done = kept
+  if completion is not None and state is not last:
+    # Costed with the table as it stood then; the entries never change, so this only redoes
+    # the costs a rebuild since (a pool graph's own kernels measured later) changed.
+    state = recost(completion.run.env.cost_fn, completion.run.env.pool,
+                   state.replace(kernels=last.kernels))
+  if log and len(ratios) > 1:
+    log(f"  kept seed {seed}, the best of {len(ratios)} runs (best cost ratios "
+        f"{', '.join(f'{r:.4f}' for r in ratios)}; a run is followed by the next seed's "
+        f"when its episodes return nothing)")
   if completion is not None:
     run = completion.final_run()
     if log and completion.added:
@@ -127,12 +171,21 @@ def train_ppo(names: Sequence[str], graphs: Sequence[Graph], params: Sequence[Pa
         f"{cfg.num_updates} updates")
   seconds = time.perf_counter() - t0
   if log:
-    log(f"PPO trained {done * cfg.batch_size} steps in {seconds:.1f}s (compile "
+    log(f"PPO trained {env_steps} steps in {seconds:.1f}s (compile "
         f"included); final episode return {float(metrics['episode_return'][-1]):.3f}")
   trainers = completion.trainers if completion is not None else [run.trainer]
-  return TrainedPolicy(run, state, metrics, seconds, done * cfg.batch_size, costs_with,
+  return TrainedPolicy(run, state, metrics, seconds, env_steps, costs_with,
                        completion.added if completion is not None else 0,
-                       sum(t.run.instances for t in trainers))
+                       sum(t.run.instances for t in trainers), seed, tuple(ratios))
+
+
+def learned_something(episode_returns: np.ndarray) -> bool:
+  """Whether a run's episodes (float[U] mean return per update, NaN where none ended) return
+  a gain on average: False for a run that collapsed to stopping at once (return 0) or that
+  only makes its graphs worse."""
+  returns = np.asarray(episode_returns, np.float64)
+  returns = returns[np.isfinite(returns)]
+  return returns.size > 0 and float(np.mean(returns)) > 0.0
 
 
 class KernelCompletion:

@@ -219,6 +219,11 @@ def _guard(loaded: Loaded, other: Loaded | None, found: SearchResult, opts: Opti
   if decision is not None and decision.kept == "input":
     log(f"measured: the optimised graph is not significantly faster than the input "
         f"({decision.path_speedup.describe()}): the input is kept")
+  elif decision is not None and "rejected_found_by" in result.options.get("checkpoint", {}):
+    log(f"measured: the {result.method}'s graph ({decision.rewrites} rewrites) "
+        f"{decision.speedup.describe()}, the {result.options['checkpoint']['rejected_found_by']}"
+        f"'s ({decision.of} rewrites) {decision.path_speedup.describe()}: the faster (the "
+        f"{result.method}'s) is returned")
   elif decision is not None and decision.kept == "checkpoint":
     log(f"measured: the first {decision.rewrites} of the {decision.of} rewrites "
         f"{decision.speedup.describe()}, all of them {decision.path_speedup.describe()}: the "

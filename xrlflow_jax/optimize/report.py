@@ -208,8 +208,13 @@ class OptimizeReport:
                   f"{decision.path_speedup.describe()}, not significantly faster than the "
                   "input: the input is returned")
     elif decision is not None and decision.kept == "checkpoint":
-      returned = (f": the first {decision.rewrites} of {decision.of} found (all {decision.of} "
-                  f"measured {decision.path_speedup.describe()})")
+      other = r.options.get("checkpoint", {}).get("rejected_found_by")
+      if other:
+        returned = (f": measured faster than the {other}'s graph ({decision.of} rewrites, "
+                    f"{decision.path_speedup.describe()})")
+      else:
+        returned = (f": the first {decision.rewrites} of {decision.of} found (all "
+                    f"{decision.of} measured {decision.path_speedup.describe()})")
     elif "export_rejected" in r.options:
       returned = (f": the optimised graph's written file measured {r.options['export_rejected']},"
                   " not significantly faster than the input: the input is returned")

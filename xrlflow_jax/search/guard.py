@@ -81,8 +81,9 @@ def measured_guard(found: SearchResult, params: ParamStore, *,
 
   Args:
     found: a result of the modelled guard (`finish` with measure=False, or the optimise job's
-      choice among training's and the policy's graphs); its `checkpoints` are the prefixes
-      timed (dropped when the input was returned).
+      choice among training's and the policy's graphs); its `checkpoints` are the other graphs
+      timed (prefixes of its path, or another driver's path: `Checkpoint.path`; dropped when
+      the input was returned).
     params: the input's weights.
     others: graphs timed in the same rounds but never returned (another optimiser's output),
       each with its own weights (None: `params`); candidates 1..len(others) of the comparison.
@@ -122,7 +123,11 @@ def measured_guard(found: SearchResult, params: ParamStore, *,
     p = prefixes[decision.index - 1]
     out.options["checkpoint"] = {"rewrites": p.rewrites, "of": len(found.rewrites),
                                  "rejected_speedup": decision.path_speedup.describe()}
-    out.best_graph, out.best_cost_ms, out.rewrites = p.graph, p.cost_ms, found.rewrites[:p.rewrites]
+    if p.path is not None:  # another path: its finder's graph, not a prefix of this one
+      out.options["checkpoint"].update(found_by=p.found_by or found.method,
+                                       rejected_found_by=found.method)
+      out.method = p.found_by or found.method
+    out.best_graph, out.best_cost_ms, out.rewrites = p.graph, p.cost_ms, p.steps(found.rewrites)
     out.best_latency = cmp.candidates[first + decision.index - 1]
   elif decision.kept == "input":
     rejected = cmp.candidates[0]

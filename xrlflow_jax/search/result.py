@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -55,15 +55,25 @@ class RewriteStep:
 
 @dataclasses.dataclass(frozen=True)
 class Checkpoint:
-  """A prefix of a found path, timed beside the whole path by the measured guard.
+  """A graph the measured guard times beside the found path's and may return instead: a
+  prefix of that path, or another path from the same input (`path`).
 
   Attributes:
-    rewrites: the prefix's length (steps of the path); graph: the graph it reaches (host
-      arrays, the input's capacity); cost_ms: its modelled cost.
+    rewrites: the prefix's length (steps of the path), or `path`'s; graph: the graph it reaches
+      (host arrays, the input's capacity); cost_ms: its modelled cost.
+    path: None for a prefix; else the steps from the input to `graph` that are not a prefix of
+      the found path (the best graph training met beside the trained policy's), replayable.
+    found_by: who found `path` (the result's `method` when it is returned).
   """
   rewrites: int
   graph: layout.Graph
   cost_ms: float
+  path: tuple[RewriteStep, ...] | None = None
+  found_by: str = ""
+
+  def steps(self, found: Sequence[RewriteStep]) -> list[RewriteStep]:
+    """The rewrites from the input to `graph`, given the found path's `found`."""
+    return list(self.path) if self.path is not None else list(found[:self.rewrites])
 
 
 @dataclasses.dataclass
