@@ -794,8 +794,8 @@ def test_measured_guard_returns_another_drivers_graph_measured_faster(monkeypatc
   assert len(found.rewrites) == 9
   steps = tuple(found.rewrites[:3])
   other = search.replay(graph, ex, list(steps))
-  alternative = search.Checkpoint(3, other, float(ex.cost(other)), path=steps,
-                                  found_by="training")
+  alternative = search.Checkpoint.of_path(steps, other, float(ex.cost(other)), "training")
+  assert alternative.rewrites == 3 and alternative.steps(found.rewrites) == list(steps)
   ratios = []
 
   def fake(a, candidates, p, **kw):

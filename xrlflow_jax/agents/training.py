@@ -147,7 +147,8 @@ def train_ppo(names: Sequence[str], graphs: Sequence[Graph], params: Sequence[Pa
     ratios.append(ratio)
     if kept is None or ratio < kept[0]:
       kept = (ratio, seed, state, metrics, done)
-    if learned_something(metrics["episode_return"][-last_chunk:]) or (max_seconds is not None and time.perf_counter() - t0 > max_seconds):
+    out_of_time = max_seconds is not None and time.perf_counter() - t0 > max_seconds
+    if out_of_time or learned_something(metrics["episode_return"][-last_chunk:]):
       break
   _, seed, state, metrics, done = kept
   if completion is not None and state is not last:

@@ -195,10 +195,11 @@ def run_ppo(loaded: Loaded, coeffs: cost.CostCoefficients, *, budget: int | None
           found_cost_ms=train_cost, found_rewrites=len(path))
       details["training_rewrites"] = len(steps)
   other = None  # the graph of the two not returned, timed beside it by the measured guard
-  if training_path is not None and train_cost < found.best_cost_ms * (1.0 - 1e-6):
-    found, other = training_path, found
-  elif training_path is not None:
-    other = training_path
+  if training_path is not None:
+    if train_cost < found.best_cost_ms * (1.0 - 1e-6):
+      found, other = training_path, found
+    else:
+      other = training_path
   greedy = search.optimize(loaded.graph, loaded.params, "greedy", expander=expander,
                            seed=seed, measure=False)
   details.update({"greedy_cost_ms": greedy.best_cost_ms, "greedy_rewrites": len(greedy.rewrites)})
@@ -208,11 +209,12 @@ def run_ppo(loaded: Loaded, coeffs: cost.CostCoefficients, *, budget: int | None
                                                       found.initial_cost_ms, checkpoints)
     # The cost model can rank the two graphs otherwise than XLA does (tiny NasRNN: 12 merges
     # modelled 3% below 13 measured 2-3x slower), so the guard times the other one too.
-    if (other is not None and other.rewrites and other.best_cost_ms < other.initial_cost_ms
+    # Either graph with rewrites is modelled below the input (the policy's modelled guard;
+    # training's path is built only then).
+    if (other is not None and other.rewrites
         and G.structural_hash(other.best_graph) != G.structural_hash(found.best_graph)):
-      found.checkpoints.append(search.Checkpoint(
-          len(other.rewrites), layout.to_host(other.best_graph), other.best_cost_ms,
-          path=tuple(other.rewrites), found_by=other.method))
+      found.checkpoints.append(search.Checkpoint.of_path(
+          other.rewrites, layout.to_host(other.best_graph), other.best_cost_ms, other.method))
   return found, details
 
 

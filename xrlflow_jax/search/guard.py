@@ -124,9 +124,8 @@ def measured_guard(found: SearchResult, params: ParamStore, *,
     out.options["checkpoint"] = {"rewrites": p.rewrites, "of": len(found.rewrites),
                                  "rejected_speedup": decision.path_speedup.describe()}
     if p.path is not None:  # another path: its finder's graph, not a prefix of this one
-      out.options["checkpoint"].update(found_by=p.found_by or found.method,
-                                       rejected_found_by=found.method)
       out.method = p.found_by or found.method
+      out.options["checkpoint"].update(found_by=out.method, rejected_found_by=found.method)
     out.best_graph, out.best_cost_ms, out.rewrites = p.graph, p.cost_ms, p.steps(found.rewrites)
     out.best_latency = cmp.candidates[first + decision.index - 1]
   elif decision.kept == "input":

@@ -63,13 +63,19 @@ class Checkpoint:
       (host arrays, the input's capacity); cost_ms: its modelled cost.
     path: None for a prefix; else the steps from the input to `graph` that are not a prefix of
       the found path (the best graph training met beside the trained policy's), replayable.
-    found_by: who found `path` (the result's `method` when it is returned).
+    found_by: who found `path` (the result's `method` when it is returned; `of_path`).
   """
   rewrites: int
   graph: layout.Graph
   cost_ms: float
   path: tuple[RewriteStep, ...] | None = None
   found_by: str = ""
+
+  @classmethod
+  def of_path(cls, path: Sequence[RewriteStep], graph: layout.Graph, cost_ms: float,
+              found_by: str) -> "Checkpoint":
+    """Another driver's graph, reached from the input by `path` (its length is `rewrites`)."""
+    return cls(len(path), graph, float(cost_ms), tuple(path), found_by)
 
   def steps(self, found: Sequence[RewriteStep]) -> list[RewriteStep]:
     """The rewrites from the input to `graph`, given the found path's `found`."""
