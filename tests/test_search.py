@@ -818,15 +818,15 @@ def test_measured_guard_returns_another_drivers_graph_measured_faster(monkeypatc
   assert res.method == "taso" and res.rewrites == found.rewrites and res.guard.kept == "path"
 
 
-def test_a_fast_compile_search_builds_its_first_expansion_in_windows(toy, ruleset, expander,
-                                                                     monkeypatch):
-  """Compiled for a fast compile, a search's first expansion runs the bucket `prepare` traced on
-  the match's output shapes and compiled before it (`Expander.bucket_plan`), on consecutive
-  windows when the candidates outnumber it; later expansions a bucket of their count. Windows,
-  that bucket and one bucket of the other tier give the same expansion: validity, costs bit
-  for bit, candidate order, hashes, children; a search takes the same rewrites. (At the end of
-  the module: its instances would push the shared expander's out of the process's live
-  ones.)"""
+def test_a_fast_compile_search_compiles_one_bucket_and_runs_it_in_windows(toy, ruleset,
+                                                                         expander, monkeypatch):
+  """Compiled for a fast compile, a search runs the bucket `prepare` traced on the match's output
+  shapes and compiled before it (`Expander.bucket_plan`), on consecutive windows when the
+  candidates outnumber it, in every expansion: no other bucket compiles. A bucket of the count
+  (or a larger one than `prepare`'s) is used where it is available. Windows and one bucket of
+  the other tier give the same expansion: validity, costs bit for bit, candidate order,
+  hashes, children; a search takes the same rewrites. (At the end of the module: its instances
+  would push the shared expander's out of the process's live ones.)"""
   graph, params = toy
   ref = search.taso(graph, params, expander, budget=8, alpha=1.2)  # its usual bucket
   monkeypatch.setattr(search.expand, "MIN_BUCKET", 1)
@@ -841,12 +841,16 @@ def test_a_fast_compile_search_builds_its_first_expansion_in_windows(toy, rulese
   windows, windows_children = fresh.expand(graph, ids)
   count = fresh.stats.candidates[-1]
   exact = search.expand.bucket_size(count, fresh.num_actions)
-  assert fresh.bucket_plan(count, first=True) == (1, count) and count >= 2 and exact > 1
+  assert count >= 2 and exact > 1
+  assert fresh.bucket_plan(count) == (1, count)
+  assert fresh.bucket_plan(count, available=lambda s: s == exact) == (exact, 1)
+  assert fresh.num_actions > 12 and search.expand.bucket_size(10, fresh.num_actions) == 12
+  assert fresh.bucket_plan(10, available=lambda s: s in (3, 4)) == (4, 3)  # the largest one
   assert fresh.stats.buckets == {1} and fast_fns.bucket.instances == 1  # prepare's served
   again, again_children = fresh.expand(graph, ids)
-  assert fresh.stats.buckets == {1, exact} and fresh.bucket_plan(count) == (exact, 1)
+  assert fresh.stats.buckets == {1} and fast_fns.bucket.instances == 1  # and serves again
   assert fresh.plan(fast_compile=False) is False
-  assert fresh.bucket_plan(count, first=True) == (exact, 1)
+  assert fresh.bucket_plan(count) == (exact, 1)
   one, one_children = fresh.expand(graph, ids)
   for exp, children in ((windows, windows_children), (again, again_children)):
     np.testing.assert_array_equal(np.asarray(exp.valid), np.asarray(one.valid))
@@ -859,6 +863,7 @@ def test_a_fast_compile_search_builds_its_first_expansion_in_windows(toy, rulese
   fresh.plan(fast_compile=True)
   res = search.taso(graph, params, fresh, budget=8, alpha=1.2)
   assert not fresh._pending  # pylint: disable=protected-access  (the search drained)
+  assert fast_fns.bucket.instances == 1  # the whole search ran prepare's bucket
   assert [r.to_json() for r in res.rewrites] == [r.to_json() for r in ref.rewrites]
   assert res.best_cost_ms == ref.best_cost_ms
 

@@ -119,6 +119,29 @@ def test_a_module_constant_changed_at_run_time_is_a_different_entry(cache_dir, m
   assert again.loads == 1
 
 
+def test_available_says_which_instances_exist_here_or_on_disk_and_makes_none(cache_dir):
+  """`available` is True for an instance made in this process or traced by an earlier one (its
+  entry on disk), False otherwise, and traces, stores and compiles nothing."""
+  data = {"scale": np.float32(2.0)}
+  x = np.arange(4, dtype=np.float32)
+  make = lambda: trace_cache.PersistentJit(lambda x, *, n=1: _impl(x, data, n=n),
+                                           "test.available", closure=data,
+                                           static_argnames=("n",))
+  first = make()
+  assert not first.available(x, n=2) and not first.available(x, n=3)
+  assert first.instances == 0 and not list(cache_dir.glob("test.available-*"))
+  first(x, n=2)
+  assert first.available(x, n=2) and not first.available(x, n=3)
+  assert not first.available(np.arange(5, dtype=np.float32), n=2)  # another shape
+  second = make()  # a later process: the trace is on disk
+  assert second.available(x, n=2) and not second.available(x, n=3)
+  assert second.instances == 0
+  plain = trace_cache.PersistentJit(lambda v: v * 2, "test.available_plain", persist=False)
+  assert not plain.available(x)
+  plain(x)
+  assert plain.available(x)
+
+
 def test_unfingerprintable_closures_and_a_cache_that_is_off_are_plain_jits(cache_dir,
                                                                           monkeypatch):
   def local(v):  # defined outside the package: its globals are not in any key

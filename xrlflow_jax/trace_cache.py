@@ -494,23 +494,41 @@ class PersistentJit:
       return None
     return self._closure_key + module_state(self._modules)
 
-  def _instance(self, in_tree: Any, specs: tuple[jax.ShapeDtypeStruct, ...],
-                static: dict[str, Any]) -> _Entry:
-    box: dict[str, Any] = {}
+  def available(self, *args: Any, **static: Any) -> bool:
+    """Whether the instance for these arguments is cheap to have: made in this process
+    (compiled, or being compiled), or traced by an earlier process on this machine (stored on
+    disk, and so, as a rule, compiled into the persistent compilation cache). Traces and
+    compiles nothing."""
+    local, leaves, in_tree, static = self._local(args, static)
+    if local in self._entries:
+      return True
+    path = self._path(in_tree, tuple(_spec(x) for x in leaves), static)
+    return path is not None and path.exists()
+
+  def _path(self, in_tree: Any, specs: tuple[jax.ShapeDtypeStruct, ...],
+            static: dict[str, Any]) -> Path | None:
+    """Where this instance's trace is stored (None: this function stays off the disk)."""
     folder = directory() if self.persist else None
     closure = self._closure_fingerprint() if folder is not None else None
-    jit = functools.partial(jax.jit, compiler_options=self.compiler_options)
-    if folder is None or closure is None:  # an ordinary jit
-      self.traces += 1
-      jitted = jit(self._flat(in_tree, static, box))
-      out = jax.eval_shape(jitted, *specs)  # traces once (the output's tree); jit reuses it
-      return _Entry(jitted, box["out_tree"], out)
+    if folder is None or closure is None:
+      return None
     key = hashlib.sha256("\x00".join(
         (*_environment(), *_options(), self.name, closure, repr(sorted(static.items())),
          repr(sorted((self.compiler_options or {}).items())),
          str(in_tree), repr([(s.shape, s.dtype.str, s.weak_type) for s in specs]))).encode()
     ).hexdigest()
-    path = folder / f"{self.name}-{key}.bin"
+    return folder / f"{self.name}-{key}.bin"
+
+  def _instance(self, in_tree: Any, specs: tuple[jax.ShapeDtypeStruct, ...],
+                static: dict[str, Any]) -> _Entry:
+    box: dict[str, Any] = {}
+    path = self._path(in_tree, specs, static)
+    jit = functools.partial(jax.jit, compiler_options=self.compiler_options)
+    if path is None:  # an ordinary jit
+      self.traces += 1
+      jitted = jit(self._flat(in_tree, static, box))
+      out = jax.eval_shape(jitted, *specs)  # traces once (the output's tree); jit reuses it
+      return _Entry(jitted, box["out_tree"], out)
     loaded = _read(path)
     if loaded is not None:
       self.loads += 1

@@ -54,7 +54,8 @@ _RULES = flags.DEFINE_list("rules", [], "Rules and rule sets: built-in rule name
                            "can fire.")
 _MEASURE = flags.DEFINE_bool("measure", True, "Measure XLA latency of both graphs.")
 _TIMING = cli_flags.define_timing_flags(rounds_name="latency_rounds", looks_name="latency_looks",
-                                        looks_default=opt.DEFAULT_LOOKS)
+                                        looks_default=opt.DEFAULT_LOOKS,
+                                        repeats_default=opt.DEFAULT_REPEATS)
 _PICTURE = flags.DEFINE_bool("picture", True, "Draw graph.png.")
 _KEEP_SLOWER = flags.DEFINE_bool("keep_slower", False, "Keep the optimised graph even when XLA "
                                  "measures it no faster than the input (default: keep the input).")

@@ -21,6 +21,8 @@ of independent kernels buys (see `GroupSignature`).
 
 from __future__ import annotations
 
+import concurrent.futures
+import contextvars
 import dataclasses
 import json
 import os
@@ -61,6 +63,10 @@ TIMING = "interleaved-median-of-round-medians"
 LOOP_TIMING = "interleaved-least-round-median-per-iteration-load-checked"
 ROUNDS = 5  # interleaved timing rounds of a batch
 BATCH = 16  # signatures compiled and timed together (bounds the memory they hold at once)
+# Threads that compile a batch's signatures timed a call at a time (XLA compiles without
+# holding Python's lock; nothing is timed until all are compiled). A hot loop's compile times a
+# probe, so those compile one at a time.
+COMPILE_THREADS = 2
 # MatMuls for the cost model's table (`profile_kernels`) are timed running back to back inside
 # one executable, as they run in a graph, under this key prefix. Timed one call at a time, a
 # small MatMul also pays the dispatch and waking XLA:CPU's worker threads, and that cost is
@@ -387,6 +393,22 @@ class Profiler:
       raise ProfileError(f"cannot build {sig.describe()} alone: {e}") from None
     return latency.compile_graph(graph, params, device=self.device, seed=self.seed)
 
+  def _compile_all(self, sigs: Sequence[OpSignature]
+                   ) -> list[tuple[latency.CompiledGraph | None, XrlflowError | None]]:
+    """Each signature compiled alone (`_compile`), `COMPILE_THREADS` at a time, in order:
+    (compiled, None) or (None, its error)."""
+    def one(sig: OpSignature):
+      try:
+        return self._compile(sig), None
+      except XrlflowError as e:
+        return None, e
+    if len(sigs) < 2 or COMPILE_THREADS < 2:
+      return [one(s) for s in sigs]
+    with concurrent.futures.ThreadPoolExecutor(COMPILE_THREADS,
+                                               thread_name_prefix="xrlflow-kernels") as pool:
+      futures = [pool.submit(contextvars.copy_context().run, one, s) for s in sigs]
+      return [f.result() for f in futures]
+
   def _empty_call(self) -> latency.CompiledGraph:
     x = jax.device_put(np.zeros([1], np.float32), self.device)
     t0 = time.perf_counter()
@@ -401,14 +423,18 @@ class Profiler:
     compiled: dict[str, latency.CompiledGraph] = {}
     iterations: dict[str, int] = {}
     errors: dict[str, XrlflowError] = {}
-    for sig in sigs:
-      try:
-        if loop:
+    if loop:
+      for sig in sigs:
+        try:
           compiled[sig.key], iterations[sig.key] = self._compile_loop(sig)
+        except XrlflowError as e:
+          errors[sig.key] = e
+    else:
+      for sig, (c, e) in zip(sigs, self._compile_all(sigs)):
+        if e is not None:
+          errors[sig.key] = e
         else:
-          compiled[sig.key] = self._compile(sig)
-      except XrlflowError as e:
-        errors[sig.key] = e
+          compiled[sig.key] = c
     if not compiled:
       return {}, errors
     runnable = [self._empty_call(), *compiled.values()]

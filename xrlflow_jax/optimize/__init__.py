@@ -43,14 +43,14 @@ from xrlflow_jax.optimize.methods import (BUDGET_OPTION, default_ppo_rules, ppo_
                                           rules_match, ruleset_for_replay, run_ppo, run_search,
                                           search_details, training_rewrites)
 from xrlflow_jax.optimize.jax_function import OptimizedFunction, optimize_jax
-from xrlflow_jax.optimize.options import DEFAULT_LOOKS, OptimizeOptions
+from xrlflow_jax.optimize.options import DEFAULT_LOOKS, DEFAULT_REPEATS, OptimizeOptions
 from xrlflow_jax.optimize.pipeline import DEFAULT_MODEL, load_source, optimize_model
 from xrlflow_jax.optimize.report import OptimizeReport, default_output_dir, write_outputs
 from xrlflow_jax.workflow import SIZES, Loaded, fit_capacity
 
 __all__ = [
-    "BUDGET_OPTION", "DEFAULT_LOOKS", "DEFAULT_MODEL", "DEFAULT_TOLERANCE", "Loaded",
-    "MEMORY_SHARE", "METHODS", "NumericsCheck", "NumericsError", "OptimizeError",
+    "BUDGET_OPTION", "DEFAULT_LOOKS", "DEFAULT_MODEL", "DEFAULT_REPEATS", "DEFAULT_TOLERANCE",
+    "Loaded", "MEMORY_SHARE", "METHODS", "NumericsCheck", "NumericsError", "OptimizeError",
     "OptimizeOptions", "OptimizeReport", "OptimizedFunction", "SIZES",
     "check_memory", "check_numerics", "check_output_dir", "check_request", "check_shape",
     "default_output_dir", "default_ppo_rules", "device_memory_bytes", "fit_capacity",

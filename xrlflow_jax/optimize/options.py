@@ -18,6 +18,11 @@ from xrlflow_jax.optimize.checks import OptimizeError
 # while the verdict is "no change". At 10 rounds, NasRNN's gate merges (1.1 ms a call) measured
 # x1.185 [1.036, 1.348] against a control spanning 0.930-1.147, "no change" (2026-12-05).
 DEFAULT_LOOKS = 2
+# Timed runs per graph per round, at least (more for a graph under `min_round_ms`, so a round
+# lasts about that long): a round's median is the verdict's paired unit, and a graph of 30 ms
+# or more fills a round in one run. Three runs of a real model (BERT-base ONNX 125 ms,
+# ResNeXt-50 230 ms a call) made the guard 40-46 s of a ~95-140 s cold job (2026-12-07).
+DEFAULT_REPEATS = 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,7 +93,7 @@ class OptimizeOptions:
   search_options: Mapping[str, Any] | None = None
   measure: bool = True
   latency_rounds: int = 10
-  repeats_per_round: int = 3
+  repeats_per_round: int = DEFAULT_REPEATS
   min_round_ms: float = 30.0
   latency_looks: int = DEFAULT_LOOKS
   tolerance: float | None = None

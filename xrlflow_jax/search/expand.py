@@ -207,6 +207,17 @@ def bucket_size(count: int, num_actions: int) -> int:
   return max(1, min(size, num_actions))
 
 
+def _sizes_down_from(size: int, smallest: int) -> list[int]:
+  """The bucket sizes (`bucket_size`'s ladder) from `size` down to `smallest`, largest first."""
+  sizes, k, s = [], 0, MIN_BUCKET
+  while s < size:
+    if s >= smallest:
+      sizes.append(s)
+    k += 1
+    s = (MIN_BUCKET << (k // 2)) * (3 if k % 2 else 2) // 2
+  return [size] + sizes[::-1]
+
+
 def bucket_chunk(size: int) -> int:
   """The chunk a bucket of `size` slots runs in: its largest divisor up to BUCKET_CHUNK (equal
   chunks: 192 in two of 96), or `size` (one vmap) when that divisor is under a quarter of
@@ -235,8 +246,9 @@ class Expander:
   compiles a few (`trace_counts` counts them); they are `trace_cache.PersistentJit`s, so a
   later process loads what this one traced instead of tracing it again. A short search
   compiles them for a fast compile instead of the fastest code (`plan`: a separate set of
-  instances, the same outputs), and its first expansion runs one bucket that `prepare`
-  compiles beside the match, on consecutive windows of the candidates (`bucket_plan`).
+  instances, the same outputs) and compiles one bucket, beside the match (`prepare`): an
+  expansion whose bucket is not compiled yet runs a smaller one on consecutive windows of the
+  candidates (`bucket_plan`).
 
   With `kernels`, MatMuls and convolutions cost their measured time (`cost.kernel_table`): an
   expanded or costed graph with a kernel the table does not have (the jitted cost says so) has
@@ -260,7 +272,7 @@ class Expander:
     self.stats = ExpanderStats()
     self._pending: list[concurrent.futures.Future] = []
     self._pending_lock = threading.Lock()
-    self._expanded = False  # an expansion ran since `plan`
+    self._available: dict[tuple[bool, int, bool, int], bool] = {}  # `_bucket_available`
 
   def _compiled(self, options: dict[str, Any] | None) -> _Compiled:
     closure = (self.ruleset, self.coeffs)  # what the traced bodies close over (the disk key)
@@ -281,7 +293,7 @@ class Expander:
     if fast_compile is None:
       fast_compile = expansions is not None and expansions <= FAST_COMPILE_MAX_EXPANSIONS
     self.fast_compile = bool(fast_compile) and xla_options.for_cpu(FAST_COMPILE_OPTIONS) is not None
-    self._expanded = False
+    self._available.clear()
     return self.fast_compile
 
   @property
@@ -308,7 +320,7 @@ class Expander:
     nodes = jax.ShapeDtypeStruct((self.ruleset.num_bound,), jnp.int32)
     table = self._kernel_table()
     fn = self._fn
-    one_bucket = self.bucket_plan(1, first=True)[0] if self.fast_compile else None
+    one_bucket = bucket_size(1, self.num_actions) if self.fast_compile else None
     context = contextvars.copy_context()  # this thread's context (precision scope)
 
     def pipeline() -> None:  # traces here; each compile goes to the other thread, in order
@@ -342,15 +354,24 @@ class Expander:
       concurrent.futures.wait(pending)
     self.stats.compile_seconds += time.perf_counter() - t
 
-  def bucket_plan(self, count: int, first: bool = False) -> tuple[int, int]:
-    """(bucket size, calls) for `count` valid candidates: one call of `bucket_size(count)`,
-    except a search's first expansion when it is compiled for a fast compile (`plan`): that
-    runs the bucket `prepare` compiled beside the match, `bucket_size(1)`, on consecutive
-    windows of the candidates, so the first expansion waits for no compile of its own."""
-    if self.fast_compile and first:
-      size = bucket_size(1, self.num_actions)
-      return size, max(1, -(-count // size))
-    return bucket_size(count, self.num_actions), 1
+  def bucket_plan(self, count: int, available: Callable[[int], bool] | None = None
+                  ) -> tuple[int, int]:
+    """(bucket size, calls) for `count` valid candidates: one call of `bucket_size(count)`.
+
+    A search compiled for a fast compile (`plan`) compiles no bucket beyond the one `prepare`
+    compiles beside the match (`bucket_size(1)` slots; each size is a compile of 20-30 s on a
+    2-core CPU, and a short search gains far less from it): it runs `bucket_size(count)` only
+    where `available(size)` says that bucket is compiled in this process or traced by an
+    earlier one, and otherwise the largest available smaller bucket (or `prepare`'s) on
+    ceil(count / size) consecutive windows of the candidates."""
+    size = bucket_size(count, self.num_actions)
+    if not self.fast_compile:
+      return size, 1
+    small = bucket_size(1, self.num_actions)
+    for s in _sizes_down_from(size, small):
+      if s == small or (available is not None and available(s)):
+        return s, max(1, -(-count // s))
+    return small, max(1, -(-count // small))
 
   @property
   def trace_counts(self) -> dict[str, int]:
@@ -478,9 +499,9 @@ class Expander:
     """Every candidate of `graph`, costed and hashed: (Expansion, Children).
 
     Two jitted calls: the match (with the graph's own cost and the number C of valid
-    (rule, location) pairs), then one call over a bucket of `bucket_size(C)` slots (the first
-    expansion of a short search: ceil(C / B) calls of the bucket of B slots `prepare`
-    compiled, `bucket_plan`).
+    (rule, location) pairs), then one call over a bucket of `bucket_size(C)` slots (in a short
+    search whose bucket of that size is not compiled: ceil(C / B) calls of a compiled bucket of
+    B slots, `bucket_plan`).
 
     Args:
       graph: one graph of capacity N.
@@ -496,8 +517,8 @@ class Expander:
       table = self._measure_kernels(graph)
       match, count, current, missing = self._call(self._fn.match, graph, table)
     count = int(count)
-    size, calls = self.bucket_plan(count, first=not self._expanded)
-    self._expanded = True
+    size, calls = self.bucket_plan(count, lambda s: self._bucket_available(graph, ids, match,
+                                                                          table, s))
     valid, cost, idx, ok, exact, hashes, hashed, missing = self._buckets(
         graph, ids, match, table, size, calls)
     misses = np.flatnonzero(np.asarray(missing)[:count])
@@ -536,6 +557,17 @@ class Expander:
       cost = jnp.asarray(cost)
     exp = Expansion(valid=valid, cost=cost, nodes=match.nodes, current=current)
     return exp, children
+
+  def _bucket_available(self, graph: layout.Graph, ids: Any, match: RuleSetMatch,
+                        table: cost_model.KernelTable | None, size: int) -> bool:
+    """Whether the bucket of `size` slots for these arguments is cheap to have
+    (`trace_cache.PersistentJit.available`), remembered per tier, capacity and size until the
+    next `plan`."""
+    key = (self.fast_compile, layout.capacity(graph), table is None, size)
+    if key not in self._available:
+      self._available[key] = self._fn.bucket.available(graph, ids, match, table, np.int32(0),
+                                                       size=size)
+    return self._available[key]
 
   def _buckets(self, graph: layout.Graph, ids: Any, match: RuleSetMatch,
                table: cost_model.KernelTable | None, size: int, calls: int) -> tuple[Any, ...]:
