@@ -304,8 +304,8 @@ class Expander:
   def prepare(self, graph: layout.Graph) -> None:
     """Starts compiling, in background threads, the functions every search of `graph`'s
     capacity needs: one thread traces them, in the order a search needs them (the input's
-    identities and hash, the match, for a short search (`plan`) the bucket of its first
-    expansion on the match's output shapes (`bucket_plan`), the child rebuild), and hands each
+    identities and hash, the match, for a short search (`plan`) the one bucket its
+    expansions run, on the match's output shapes (`bucket_plan`), the child rebuild), and hands each
     compile to the second thread (XLA compiles without holding Python's lock), so the bucket
     compiles beside the match instead of after it. Calls wait for what they need; a kernel
     timing and the end of the search (`guard.finish`) wait for all of it (nothing compiles
@@ -331,7 +331,7 @@ class Expander:
       match = fn.match.output_shapes(graph, table)[0]
       compile_in(fn.match, graph, table)
       if one_bucket is not None:
-        compile_in(fn.bucket, graph, ids, match, table, scalar, size=one_bucket)
+        compile_in(fn.bucket, graph, ids, match, table, size=one_bucket)
       compile_in(fn.apply_at, graph, ids, scalar, nodes)
 
     self._add_pending(_BACKGROUND.submit(context.run, pipeline))
@@ -356,7 +356,8 @@ class Expander:
 
   def bucket_plan(self, count: int, available: Callable[[int], bool] | None = None
                   ) -> tuple[int, int]:
-    """(bucket size, calls) for `count` valid candidates: one call of `bucket_size(count)`.
+    """(bucket size, windows) for `count` valid candidates: a bucket of `bucket_size(count)`
+    slots, one window (the bucket's call loops over ceil(count / size) windows of its size).
 
     A search compiled for a fast compile (`plan`) compiles no bucket beyond the one `prepare`
     compiles beside the match (`bucket_size(1)` slots; each size is a compile of 20-30 s on a
@@ -424,17 +425,22 @@ class Expander:
     return identity.identities(graph)
 
   def _bucket_impl(self, graph: layout.Graph, ids: jax.Array, match: RuleSetMatch,
-                   table: cost_model.KernelTable | None, offset: jax.Array, size: int):
-    """Builds and costs `size` valid (rule, location) pairs of `match`, from the `offset`-th
-    (int32[]) on."""
+                   table: cost_model.KernelTable | None, size: int):
+    """Builds and costs every valid (rule, location) pair of `match`, `size` at a time: C valid
+    pairs run as ceil(C / size) consecutive windows in a loop, so one compiled bucket serves any
+    C, and what every window shares (each rule's plans at every location, the parent's cost
+    base and row hashes) is computed once. Per-slot outputs have A + size rows, slot i being
+    the i-th valid pair (rows from C on are unused)."""
     rs = self.ruleset
     n = layout.capacity(graph)
     a = rs.num_actions
-    # The valid pairs compacted into the bucket and built there (each rule's plan vmapped over
-    # its locations, then gathered, not a `lax.switch` over the rules under a vmap: that would
-    # run every rule's plan for every slot).
-    plans, idx, used = rs.candidate_edits(graph, match.nodes, match.mask, size,
-                                           offset)  # [B]
+    flat = match.mask.reshape(-1)
+    count = flat.sum().astype(jnp.int32)
+    (every,) = jnp.nonzero(flat, size=a, fill_value=0)  # the valid pairs, in action order
+    every = jnp.concatenate([every, jnp.zeros([size], every.dtype)]).astype(jnp.int32)
+    # Each rule's plan vmapped over its locations, then gathered per window, not a
+    # `lax.switch` over the rules under a vmap: that would run every rule's plan for every slot.
+    all_plans = rs.plans(graph, match.nodes)  # leaves [A, ...]
     incremental_cost = n >= incremental.MIN_CAPACITY
     base = incremental.cost_base(graph, self.coeffs, table) if incremental_cost else None
     parent_rows = identity.row_hashes(graph, ids)
@@ -454,16 +460,39 @@ class Expander:
       return cost, exact & ~missing, h, hashed, missing, applied  # applied: keep too
 
     chunk = bucket_chunk(size)
-    if chunk == size:  # one vmap: a bucket of at most BUCKET_CHUNK slots is a single chunk
-      c, exact, hashes, hashed, missing, ok = jax.vmap(one)((plans, used))
-    else:
-      c, exact, hashes, hashed, missing, ok = jax.lax.map(one, (plans, used), batch_size=chunk)
-    slot = jnp.where(ok, idx, a)  # unused or refused bucket slots scatter nowhere
-    valid = jnp.zeros([a], bool).at[slot].set(ok, mode="drop")
-    cost = jnp.full([a], jnp.inf, jnp.float32).at[slot].set(
-        jnp.where(ok, c.astype(jnp.float32), jnp.inf), mode="drop")
-    return (valid, cost, idx.astype(jnp.int32), ok, exact | ~ok, hashes, hashed | ~ok,
-            missing & ok)
+
+    def window(k, carry):
+      valid, cost, per_slot = carry
+      first = k * size
+      idx = jax.lax.dynamic_slice(every, (first,), (size,))
+      used = first + jnp.arange(size) < count
+      plans = jax.tree_util.tree_map(lambda x: x[idx], all_plans)
+      if chunk == size:  # one vmap: a window of at most BUCKET_CHUNK slots is a single chunk
+        c, exact, hashes, hashed, missing, ok = jax.vmap(one)((plans, used))
+      else:
+        c, exact, hashes, hashed, missing, ok = jax.lax.map(one, (plans, used),
+                                                            batch_size=chunk)
+      slot = jnp.where(ok, idx, a)  # unused or refused slots scatter nowhere
+      valid = valid.at[slot].set(ok, mode="drop")
+      cost = cost.at[slot].set(jnp.where(ok, c.astype(jnp.float32), jnp.inf), mode="drop")
+      rows = (idx, ok, exact | ~ok, hashes, hashed | ~ok, missing & ok)
+      per_slot = tuple(jax.lax.dynamic_update_slice_in_dim(whole, part.astype(whole.dtype),
+                                                           first, axis=0)
+                       for whole, part in zip(per_slot, rows))
+      return valid, cost, per_slot
+
+    def rows_like(shape, dtype):
+      return jnp.zeros((a + size, *shape), dtype)
+    hash_spec = jax.eval_shape(one, (jax.tree_util.tree_map(lambda x: x[0], all_plans),
+                                     jnp.asarray(False)))[2]
+    per_slot = (rows_like((), jnp.int32), rows_like((), bool), rows_like((), bool),
+                rows_like(hash_spec.shape, hash_spec.dtype), rows_like((), bool),
+                rows_like((), bool))
+    windows = (count + size - 1) // size
+    valid, cost, per_slot = jax.lax.fori_loop(
+        0, windows, window,
+        (jnp.zeros([a], bool), jnp.full([a], jnp.inf, jnp.float32), per_slot))
+    return (valid, cost, *per_slot)
 
   def _apply_at_impl(self, graph: layout.Graph, ids: jax.Array, rule: jax.Array,
                      nodes: jax.Array) -> tuple[layout.Graph, jax.Array, jax.Array]:
@@ -517,10 +546,10 @@ class Expander:
       table = self._measure_kernels(graph)
       match, count, current, missing = self._call(self._fn.match, graph, table)
     count = int(count)
-    size, calls = self.bucket_plan(count, lambda s: self._bucket_available(graph, ids, match,
-                                                                          table, s))
+    size, _ = self.bucket_plan(count, lambda s: self._bucket_available(graph, ids, match,
+                                                                      table, s))
     valid, cost, idx, ok, exact, hashes, hashed, missing = self._buckets(
-        graph, ids, match, table, size, calls)
+        graph, ids, match, table, size)
     misses = np.flatnonzero(np.asarray(missing)[:count])
     if misses.size:
       # Children with kernels the table does not have: measured, then the whole bucket costed
@@ -535,7 +564,7 @@ class Expander:
         child, _ = self._build_child(parent, parent_ids, int(a) // self.max_locations, bound)
         table = self._measure_kernels(child)
       valid, cost, idx, ok, exact, hashes, hashed, missing = self._buckets(
-          graph, ids, match, table, size, calls)
+          graph, ids, match, table, size)
       self.stats.kernel_recosted += int(misses.size)
     self.stats.candidates.append(count)
     self.stats.buckets.add(size)
@@ -565,23 +594,14 @@ class Expander:
     next `plan`."""
     key = (self.fast_compile, layout.capacity(graph), table is None, size)
     if key not in self._available:
-      self._available[key] = self._fn.bucket.available(graph, ids, match, table, np.int32(0),
-                                                       size=size)
+      self._available[key] = self._fn.bucket.available(graph, ids, match, table, size=size)
     return self._available[key]
 
   def _buckets(self, graph: layout.Graph, ids: Any, match: RuleSetMatch,
-               table: cost_model.KernelTable | None, size: int, calls: int) -> tuple[Any, ...]:
-    """The bucket's outputs for `calls` consecutive windows of `size` candidates: valid and
-    cost over every action (each window's candidates are its own), the per-slot outputs
-    concatenated in window order (a window's slot i is candidate `offset + i`)."""
-    outs = [self._call(self._fn.bucket, graph, ids, match, table, np.int32(k * size), size=size)
-            for k in range(calls)]
-    if calls == 1:
-      return outs[0]
-    valid = np.logical_or.reduce([np.asarray(o[0]) for o in outs])
-    cost = np.minimum.reduce([np.asarray(o[1]) for o in outs])  # +inf outside each window
-    per_slot = [np.concatenate([np.asarray(o[j]) for o in outs]) for j in range(2, 8)]
-    return (jnp.asarray(valid), jnp.asarray(cost), *per_slot)
+               table: cost_model.KernelTable | None, size: int) -> tuple[Any, ...]:
+    """The bucket's outputs (`_bucket_impl`): valid and cost over every action, and the
+    per-slot outputs of the valid candidates in order."""
+    return self._call(self._fn.bucket, graph, ids, match, table, size=size)
 
   def apply(self, graph: layout.Graph, action: int) -> layout.Graph:
     """The graph after flat action `action` (rule * L + location of `RuleSet.match(graph)`).
