@@ -842,15 +842,15 @@ def test_a_fast_compile_search_compiles_one_bucket_and_runs_it_in_windows(toy, r
   count = fresh.stats.candidates[-1]
   exact = search.expand.bucket_size(count, fresh.num_actions)
   assert count >= 2 and exact > 1
-  assert fresh.bucket_plan(count) == (1, count)
-  assert fresh.bucket_plan(count, available=lambda s: s == exact) == (exact, 1)
+  assert fresh.bucket_plan(count) == 1  # count windows of 1
+  assert fresh.bucket_plan(count, available=lambda s: s == exact) == exact
   assert fresh.num_actions > 12 and search.expand.bucket_size(10, fresh.num_actions) == 12
-  assert fresh.bucket_plan(10, available=lambda s: s in (3, 4)) == (4, 3)  # the largest one
+  assert fresh.bucket_plan(10, available=lambda s: s in (3, 4)) == 4  # the largest one
   assert fresh.stats.buckets == {1} and fast_fns.bucket.instances == 1  # prepare's served
   again, again_children = fresh.expand(graph, ids)
   assert fresh.stats.buckets == {1} and fast_fns.bucket.instances == 1  # and serves again
   assert fresh.plan(fast_compile=False) is False
-  assert fresh.bucket_plan(count) == (exact, 1)
+  assert fresh.bucket_plan(count) == exact
   one, one_children = fresh.expand(graph, ids)
   for exp, children in ((windows, windows_children), (again, again_children)):
     np.testing.assert_array_equal(np.asarray(exp.valid), np.asarray(one.valid))

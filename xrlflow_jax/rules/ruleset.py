@@ -163,33 +163,32 @@ class RuleSet:
       out.append(jax.vmap(plan)(bound, bound_rows(graph, bound)))
     return jax.tree_util.tree_map(lambda *xs: jnp.concatenate(xs, 0), *out)
 
+  def valid_actions(self, mask: jax.Array, pad: int = 0) -> tuple[jax.Array, jax.Array]:
+    """(int32[R * L + pad] the flat actions of the valid candidates in action order, then 0s;
+    int32[] their count C) from `mask` bool[R, L]."""
+    flat = mask.reshape(-1)
+    (every,) = jnp.nonzero(flat, size=flat.shape[0] + pad, fill_value=0)
+    return every.astype(jnp.int32), flat.sum().astype(jnp.int32)
+
   def candidate_edits(self, graph: layout.Graph, nodes: jax.Array, mask: jax.Array,
-                      slots: int | None = None, offset: jax.Array | int = 0
-                      ) -> tuple[edit_lib.Edit, jax.Array, jax.Array]:
-    """The plans of the valid candidates only, compacted (action order) into `slots` slots,
-    from the `offset`-th valid candidate on; `build` turns each into its graph. Valid
-    candidates before `offset` or past `offset + slots` are left out.
+                      slots: int | None = None) -> tuple[edit_lib.Edit, jax.Array, jax.Array]:
+    """The plans of the valid candidates only, compacted (action order) into `slots` slots;
+    `build` turns each into its graph. Valid candidates past `slots` are left out.
 
     Args:
       graph: the current graph; nodes: int32[R, L, P] bound nodes (`RuleSetMatch.nodes`);
-      mask: bool[R, L] valid candidates; slots: C (None: R * L, every candidate);
-      offset: int32[], the first valid candidate taken (0: from the first).
+      mask: bool[R, L] valid candidates; slots: C (None: R * L, every candidate).
     Returns:
       (plans with a leading axis C, index int32[C] the flat action of each slot (0 where
       unused), used bool[C]: the slot holds a valid candidate).
     """
-    flat = mask.reshape(-1)
-    a = flat.shape[0]
+    a = mask.size
     c = min(slots or a, a)
-    if isinstance(offset, int) and offset == 0:
-      (index,) = jnp.nonzero(flat, size=c, fill_value=0)  # valid candidates first
-    else:  # every valid candidate in order, padded so a window of c from any offset <= A fits
-      (every,) = jnp.nonzero(flat, size=a, fill_value=0)
-      index = jax.lax.dynamic_slice(jnp.concatenate([every, jnp.zeros([c], every.dtype)]),
-                                    (jnp.asarray(offset, every.dtype),), (c,))
-    used = jnp.asarray(offset) + jnp.arange(c) < flat.sum()
+    every, count = self.valid_actions(mask)
+    index = every[:c]
+    used = jnp.arange(c) < count
     plans = jax.tree_util.tree_map(lambda x: x[index], self.plans(graph, nodes))
-    return plans, index.astype(jnp.int32), used
+    return plans, index, used
 
   def build(self, graph: layout.Graph, plan: edit_lib.Edit, keep: jax.Array
             ) -> tuple[layout.Graph, jax.Array]:

@@ -4,12 +4,13 @@ steps, replay)."""
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import concurrent.futures
 import contextvars
 import dataclasses
 import functools
+import itertools
 import threading
 import time
 
@@ -197,25 +198,17 @@ def improves(cost: float, reference: float) -> bool:
   return float(cost) < float(reference) * (1.0 - MIN_GAIN)
 
 
+def _ladder() -> Iterator[int]:
+  """The bucket sizes MIN_BUCKET x (1, 1.5, 2, 3, 4, 6, ...), ascending, without end."""
+  for k in itertools.count():
+    yield (MIN_BUCKET << (k // 2)) * (3 if k % 2 else 2) // 2
+
+
 def bucket_size(count: int, num_actions: int) -> int:
   """The bucket for `count` candidates: the smallest of MIN_BUCKET x (1, 1.5, 2, 3, 4, 6, ...)
   >= count, at most `num_actions` (A)."""
-  k, size = 0, MIN_BUCKET
-  while size < count:
-    k += 1
-    size = (MIN_BUCKET << (k // 2)) * (3 if k % 2 else 2) // 2
+  size = next(s for s in _ladder() if s >= count)
   return max(1, min(size, num_actions))
-
-
-def _sizes_down_from(size: int, smallest: int) -> list[int]:
-  """The bucket sizes (`bucket_size`'s ladder) from `size` down to `smallest`, largest first."""
-  sizes, k, s = [], 0, MIN_BUCKET
-  while s < size:
-    if s >= smallest:
-      sizes.append(s)
-    k += 1
-    s = (MIN_BUCKET << (k // 2)) * (3 if k % 2 else 2) // 2
-  return [size] + sizes[::-1]
 
 
 def bucket_chunk(size: int) -> int:
@@ -354,25 +347,25 @@ class Expander:
       concurrent.futures.wait(pending)
     self.stats.compile_seconds += time.perf_counter() - t
 
-  def bucket_plan(self, count: int, available: Callable[[int], bool] | None = None
-                  ) -> tuple[int, int]:
-    """(bucket size, windows) for `count` valid candidates: a bucket of `bucket_size(count)`
-    slots, one window (the bucket's call loops over ceil(count / size) windows of its size).
+  def bucket_plan(self, count: int, available: Callable[[int], bool] | None = None) -> int:
+    """The bucket size for `count` valid candidates: `bucket_size(count)` (the bucket's call
+    loops over ceil(count / size) windows of its size, one for this size).
 
     A search compiled for a fast compile (`plan`) compiles no bucket beyond the one `prepare`
     compiles beside the match (`bucket_size(1)` slots; each size is a compile of 20-30 s on a
     2-core CPU, and a short search gains far less from it): it runs `bucket_size(count)` only
     where `available(size)` says that bucket is compiled in this process or traced by an
-    earlier one, and otherwise the largest available smaller bucket (or `prepare`'s) on
-    ceil(count / size) consecutive windows of the candidates."""
+    earlier one, and otherwise the largest available smaller bucket, or `prepare`'s, on
+    consecutive windows of the candidates."""
     size = bucket_size(count, self.num_actions)
-    if not self.fast_compile:
-      return size, 1
     small = bucket_size(1, self.num_actions)
-    for s in _sizes_down_from(size, small):
-      if s == small or (available is not None and available(s)):
-        return s, max(1, -(-count // s))
-    return small, max(1, -(-count // small))
+    if not self.fast_compile or size == small:
+      return size
+    between = [s for s in itertools.takewhile(lambda s: s < size, _ladder()) if s > small]
+    for s in [size, *reversed(between)]:
+      if available is not None and available(s):
+        return s
+    return small
 
   @property
   def trace_counts(self) -> dict[str, int]:
@@ -434,10 +427,7 @@ class Expander:
     rs = self.ruleset
     n = layout.capacity(graph)
     a = rs.num_actions
-    flat = match.mask.reshape(-1)
-    count = flat.sum().astype(jnp.int32)
-    (every,) = jnp.nonzero(flat, size=a, fill_value=0)  # the valid pairs, in action order
-    every = jnp.concatenate([every, jnp.zeros([size], every.dtype)]).astype(jnp.int32)
+    every, count = rs.valid_actions(match.mask, pad=size)  # [A + size]: a window fits anywhere
     # Each rule's plan vmapped over its locations, then gathered per window, not a
     # `lax.switch` over the rules under a vmap: that would run every rule's plan for every slot.
     all_plans = rs.plans(graph, match.nodes)  # leaves [A, ...]
@@ -483,10 +473,8 @@ class Expander:
 
     def rows_like(shape, dtype):
       return jnp.zeros((a + size, *shape), dtype)
-    hash_spec = jax.eval_shape(one, (jax.tree_util.tree_map(lambda x: x[0], all_plans),
-                                     jnp.asarray(False)))[2]
     per_slot = (rows_like((), jnp.int32), rows_like((), bool), rows_like((), bool),
-                rows_like(hash_spec.shape, hash_spec.dtype), rows_like((), bool),
+                rows_like((identity.LANES,), jnp.uint32), rows_like((), bool),
                 rows_like((), bool))
     windows = (count + size - 1) // size
     valid, cost, per_slot = jax.lax.fori_loop(
@@ -529,8 +517,8 @@ class Expander:
 
     Two jitted calls: the match (with the graph's own cost and the number C of valid
     (rule, location) pairs), then one call over a bucket of `bucket_size(C)` slots (in a short
-    search whose bucket of that size is not compiled: ceil(C / B) calls of a compiled bucket of
-    B slots, `bucket_plan`).
+    search whose bucket of that size is not compiled, a compiled bucket of B slots over ceil(C /
+    B) windows, `bucket_plan`).
 
     Args:
       graph: one graph of capacity N.
@@ -546,8 +534,8 @@ class Expander:
       table = self._measure_kernels(graph)
       match, count, current, missing = self._call(self._fn.match, graph, table)
     count = int(count)
-    size, _ = self.bucket_plan(count, lambda s: self._bucket_available(graph, ids, match,
-                                                                      table, s))
+    size = self.bucket_plan(count, lambda s: self._bucket_available(graph, ids, match, table,
+                                                                   s))
     valid, cost, idx, ok, exact, hashes, hashed, missing = self._buckets(
         graph, ids, match, table, size)
     misses = np.flatnonzero(np.asarray(missing)[:count])
