@@ -57,11 +57,16 @@ _CAND_RULES = flags.DEFINE_list("candidates_rules", [
     "matmul_gelu_fuse", "add_commute", "add_assoc_left"], "Rules for the candidates head.")
 _HIDDEN = flags.DEFINE_integer("hidden", 64, "GNN width.")
 _LAYERS = flags.DEFINE_integer("layers", 5, "GNN layers.")
+_MAX_CANDIDATES = flags.DEFINE_integer(
+    "max_candidates", None, "Slots of the valid candidates the head scores (0: all R * L; "
+    "default: the config's).")
 _MEMORY = flags.DEFINE_list("memory_locations", [], "L values for the candidates-head memory "
                             "table (compile only).")
 _COEFFS = flags.DEFINE_string("cost_coefficients", "", "Cost-model JSON ('' = shipped fit).")
 _VARIANTS = flags.DEFINE_list("variants", ["after"], "Learners to time side by side: after (the "
-                              "library's), before (before issue 14's changes).")
+                              "library's), before (before issue 14's changes), "
+                              "agent:<field>=<value>[+...] (the library's with AgentConfig "
+                              "fields changed).")
 _PROFILE = flags.DEFINE_bool("profile", False, "Also time each part of the learner per variant.")
 _REPEATS = flags.DEFINE_integer("repeats", 7, "Interleaved rounds of the --profile timings.")
 _EPOCHS = flags.DEFINE_integer("update_epochs", None, "PPO epochs per update (default: the "
@@ -83,6 +88,8 @@ def _config(head: str, batch: int, locations: int | None = None):
   c.agent.hidden = _HIDDEN.value
   c.agent.layers = _LAYERS.value
   c.agent.remat = head == "candidates"
+  if _MAX_CANDIDATES.value is not None:
+    c.agent.max_candidates = _MAX_CANDIDATES.value
   c.ppo.num_envs = batch
   c.ppo.num_steps = _STEPS.value
   if _EPOCHS.value:

@@ -3,6 +3,7 @@ cost-raising rewrite that greedy cannot take), checkpoints, data parallelism on 
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 import textwrap
@@ -329,6 +330,48 @@ def test_local_head_reads_only_the_slots_each_rule_binds(env, ruleset):
     bad.init(jax.random.PRNGKey(1), obs)
 
 
+def test_compacted_local_head_scores_the_valid_candidates_as_the_dense_head(env, ruleset):
+  """With `max_candidates` slots the local head scores only the valid candidates, compacted in
+  action order: the same logits at valid actions, value and PPO gradient (same parameters) as
+  the head over all R * L; with fewer slots than valid candidates, those past the last slot are
+  not offered (-1e9) and the others keep their logits."""
+  obs = jax.jit(env.reset)(jax.random.PRNGKey(0))[1].observation
+  valid = np.flatnonzero(np.asarray(obs.action_mask[:-1]))
+  assert len(valid) >= 2
+  agents = {slots: Agent(ruleset, _node_costs, dataclasses.replace(SMALL, max_candidates=slots))
+            for slots in (0, len(valid) + 3, len(valid) - 1)}
+  params = jax.jit(agents[0].init)(jax.random.PRNGKey(1), obs)
+  params = jax.tree_util.tree_map(
+      lambda p: p + 0.3 * jax.random.normal(jax.random.PRNGKey(p.size), p.shape), params)
+  for a in agents.values():  # the same parameters for every slot count
+    chex.assert_trees_all_equal_shapes(params, jax.jit(a.init)(jax.random.PRNGKey(1), obs))
+
+  @jax.jit
+  def run(params, obs):
+    out = {}
+    for slots, a in agents.items():
+      def loss(q, a=a):
+        logits, value = a.apply(q, obs)
+        return jnp.sum(MaskedCategorical(logits, obs.action_mask).log_probs * obs.action_mask) + value
+      out[slots] = (a.apply(params, obs), jax.grad(loss)(params))
+    return out
+
+  out = run(params, obs)
+  (dense, dense_value), dense_grad = out[0]
+  (logits, value), grad = out[len(valid) + 3]
+  dense, logits = np.asarray(dense), np.asarray(logits)
+  np.testing.assert_allclose(logits[valid], dense[valid], rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(logits[-1], dense[-1], rtol=1e-5, atol=1e-5)  # stop
+  np.testing.assert_allclose(float(value), float(dense_value), rtol=1e-5, atol=1e-5)
+  # The same sums in another order: float32 errors relative to the gradient's largest entry.
+  scale = max(float(np.abs(np.asarray(x)).max()) for x in jax.tree_util.tree_leaves(dense_grad))
+  chex.assert_trees_all_close(grad, dense_grad, rtol=1e-4, atol=1e-5 * scale)
+  assert float(jnp.abs(grad["params"]["slot_in"]["kernel"]).max()) > 0.0
+  short = np.asarray(out[len(valid) - 1][0][0])
+  np.testing.assert_allclose(short[valid[:-1]], dense[valid[:-1]], rtol=1e-5, atol=1e-5)
+  assert short[valid[-1]] == -1e9
+
+
 @pytest.mark.slow  # compiles the rules' matcher; see README for -m slow
 def test_local_head_does_not_depend_on_padding(ruleset):
   agent = Agent(ruleset, _node_costs, AgentConfig(hidden=16, layers=2, heads=2))
@@ -412,6 +455,25 @@ def test_candidates_head_compacts_valid_candidates(env, ruleset):
   assert short[valid[-1]] == -1e9
   with pytest.raises(AgentError, match="max_candidates"):
     AgentConfig(head="candidates", max_candidates=-1).validate()
+
+
+def test_benchmark_variants_change_the_named_fields_only(trainer):
+  """`agent:` and `ppo:` variants of the training benchmark rebuild the learner with those
+  fields changed, on the same environment; a bad field or value is a clear error."""
+  from xrlflow_jax.harness import train_benchmark as benchmark  # pylint: disable=g-import-not-at-top
+  v = benchmark.variant("agent:hidden=16+max_candidates=7+remat=true", trainer)
+  assert v.trainer.env is trainer.env and v.trainer.config == trainer.config
+  assert v.trainer.agent.config == dataclasses.replace(trainer.agent.config, hidden=16,
+                                                       max_candidates=7, remat=True)
+  v = benchmark.variant("ppo:num_minibatches=1+clip_eps=0.1", trainer)
+  assert v.trainer.agent is trainer.agent
+  assert v.trainer.config == dataclasses.replace(trainer.config, num_minibatches=1,
+                                                 clip_eps=0.1)
+  for bad, match in (("agent:width=3", "AgentConfig"), ("agent:hidden=wide", "int"),
+                     ("agent:remat=maybe", "true or false"), ("ppo:epochs=1", "PPOConfig"),
+                     ("global", "unknown variant")):
+    with pytest.raises(ValueError, match=match):
+      benchmark.variant(bad, trainer)
 
 
 def test_bad_configs_are_clear_errors(env, ruleset):

@@ -13,12 +13,12 @@ from xrlflow_jax.agents.distributions import MASKED_LOGIT, MaskedCategorical
 from xrlflow_jax.agents.gae import gae
 from xrlflow_jax.agents.networks import (HEADS, ActorCritic, Agent, AgentConfig, AgentError,
                                          CandidateInputs, EncoderInputs, GraphEncoder,
-                                         encoder_inputs)
+                                         LocalCandidates, encoder_inputs)
 from xrlflow_jax.agents.ppo import (METRICS, PPOConfig, RunnerState, Trainer, Transition,
                                     make_train)
 
 __all__ = [
     "ActorCritic", "Agent", "AgentConfig", "AgentError", "EncoderInputs", "GraphEncoder", "HEADS",
     "MASKED_LOGIT", "METRICS", "MaskedCategorical", "PPOConfig", "RunnerState", "Trainer",
-    "Transition", "CandidateInputs", "encoder_inputs", "gae", "make_train",
+    "Transition", "CandidateInputs", "LocalCandidates", "encoder_inputs", "gae", "make_train",
 ]

@@ -20,7 +20,11 @@ shows what the library learner's choices gain. It has the per-edge attention for
 tests/test_agents.py checks it), node costs
 recomputed inside every forward and gradient pass, XLA's default compiler options, and the
 local head over all P slots of every rule (`ActorCritic.rule_widths=None`; the library's head
-reads each rule's own slots). `after` is the library's learner as built.
+reads each rule's own slots). `after` is the library's learner as built. A variant named
+`agent:<field>=<value>[+<field>=<value>...]` (or `ppo:...`) is the library's learner with
+those `AgentConfig` (or `PPOConfig`) fields changed, on the same environment: e.g.
+`agent:max_candidates=0` for the local head over all R * L candidates, `agent:hidden=64`,
+`ppo:num_minibatches=2`.
 """
 
 from __future__ import annotations
@@ -115,13 +119,48 @@ class Variant:
     return jax.jit(fn, compiler_options=self.trainer.compiler_options).lower(*args).compile()
 
 
+def _overrides(spec: str, config: Any) -> Any:
+  """The dataclass `config` (AgentConfig, PPOConfig) with the fields of
+  "field=value+field=value" replaced (values parsed as the field's type). ValueError naming an
+  unknown field or a bad value."""
+  fields = {f.name: f for f in dataclasses.fields(config)}
+  changes: dict[str, Any] = {}
+  for item in filter(None, spec.split("+")):
+    key, sep, value = item.partition("=")
+    if not sep or key not in fields:
+      raise ValueError(f"bad override {item!r}: use field=value with a field of "
+                       f"{type(config).__name__} ({', '.join(fields)})")
+    old = getattr(config, key)
+    if isinstance(old, bool):
+      if value.lower() not in ("true", "false"):
+        raise ValueError(f"override {item!r}: {key} is true or false")
+      changes[key] = value.lower() == "true"
+    else:
+      try:
+        changes[key] = type(old)(value)
+      except ValueError:
+        raise ValueError(f"override {item!r}: {key} is a {type(old).__name__}") from None
+  return dataclasses.replace(config, **changes)
+
+
 def variant(name: str, trainer: Trainer) -> Variant:
   """`after`: `trainer` as built; `before`: the same environment and configuration with the
-  reference learner (see the module docstring)."""
+  reference learner; `agent:...`: the library's learner with `AgentConfig` fields changed
+  (see the module docstring)."""
   if name == "after":
     return Variant(name, trainer)
+  kind, sep, spec = name.partition(":")
+  if sep and kind in ("agent", "ppo"):
+    a, config = trainer.agent, trainer.config
+    if kind == "agent":
+      a = Agent(a.ruleset, a.node_cost_fn, _overrides(spec, a.config))
+    else:
+      config = _overrides(spec, config)
+    return Variant(name, Trainer(config, trainer.env, a, trainer.devices,
+                                 xla_options=trainer.compiler_options))
   if name != "before":
-    raise ValueError(f"unknown variant {name!r}; use one of {VARIANTS}")
+    raise ValueError(f"unknown variant {name!r}; use one of {VARIANTS}, agent:field=value or "
+                     "ppo:field=value")
   a = trainer.agent
   agent = RecomputingAgent(a.ruleset, a.node_cost_fn, a.config)
   # The per-edge encoder layer, and a local head that reads all P slots per rule.
