@@ -218,9 +218,9 @@ def _part_calls(v: Variant, state: Any, batch: dict[str, Any]) -> dict[str, Call
   def encode(p, current):
     return jax.vmap(lambda c: net.apply(p, c, method=networks.ActorCritic.encode))(current)
 
-  def head(p, h, emb, nodes, feats):
+  def head(p, h, emb, nodes, feats, compact):  # compact: the LocalCandidates, or None
     return jax.vmap(lambda *a: net.apply(p, *a, method=networks.ActorCritic.local_scores))(
-        h, emb, nodes, feats)
+        h, emb, nodes, feats, compact)
 
   def forward(p, o):
     return jax.vmap(agent.apply, in_axes=(None, 0))(p, o)
@@ -240,11 +240,11 @@ def _part_calls(v: Variant, state: Any, batch: dict[str, Any]) -> dict[str, Call
       "forward": (forward, (params, obs)),
       "gradient": (gradient, (params, batch)),
   }
-  current, nodes, feats, _ = jax.jit(inputs)(obs)
+  current, nodes, feats, compact = jax.jit(inputs)(obs)
   fns["encoder"] = (encode, (params, current))
   if agent.config.head == "local":
     h, emb = jax.jit(encode)(params, current)
-    fns["local head"] = (head, (params, h, emb, nodes, feats))
+    fns["local head"] = (head, (params, h, emb, nodes, feats, compact))
   out = {}
   for part in PARTS:
     if part in fns:
