@@ -55,8 +55,8 @@ _CAND_LOCATIONS = flags.DEFINE_integer("candidates_max_locations", 2,
 _CAND_RULES = flags.DEFINE_list("candidates_rules", [
     "merge_matmul_shared_input_2", "merge_matmul_shared_input_3", "split_matmul_shared_input_2",
     "matmul_gelu_fuse", "add_commute", "add_assoc_left"], "Rules for the candidates head.")
-_HIDDEN = flags.DEFINE_integer("hidden", 64, "GNN width.")
-_LAYERS = flags.DEFINE_integer("layers", 5, "GNN layers.")
+_HIDDEN = flags.DEFINE_integer("hidden", None, "GNN width (default: the config's).")
+_LAYERS = flags.DEFINE_integer("layers", None, "GNN layers (default: the config's).")
 _MAX_CANDIDATES = flags.DEFINE_integer(
     "max_candidates", None, "Slots of the valid candidates the head scores (0: all R * L; "
     "default: the config's).")
@@ -85,8 +85,10 @@ def _config(head: str, batch: int, locations: int | None = None):
   c.env.max_locations = locations or (_CAND_LOCATIONS.value if cand else _LOCATIONS.value)
   c.env.cost_coefficients = _COEFFS.value
   c.agent.head = head
-  c.agent.hidden = _HIDDEN.value
-  c.agent.layers = _LAYERS.value
+  if _HIDDEN.value:
+    c.agent.hidden = _HIDDEN.value
+  if _LAYERS.value:
+    c.agent.layers = _LAYERS.value
   c.agent.remat = head == "candidates"
   if _MAX_CANDIDATES.value is not None:
     c.agent.max_candidates = _MAX_CANDIDATES.value
@@ -129,8 +131,9 @@ def _memory(locations: int, batch: int) -> dict:
 
 def main(argv: list[str]) -> None:
   del argv
-  epochs = _config(_HEADS.value[0], 16).ppo.update_epochs
-  print(f"{_MODEL.value} ({_SIZE.value}); GNN {_LAYERS.value} x {_HIDDEN.value}; "
+  config = _config(_HEADS.value[0], 16)
+  epochs = config.ppo.update_epochs
+  print(f"{_MODEL.value} ({_SIZE.value}); GNN {config.agent.layers} x {config.agent.hidden}; "
         f"{_STEPS.value} steps/update, {epochs} epochs x {_MINIBATCHES.value} "
         f"minibatches; {machine.machine_description()}; {datetime.date.today()}", flush=True)
   rows = []
