@@ -65,8 +65,8 @@ _MEMORY = flags.DEFINE_list("memory_locations", [], "L values for the candidates
 _COEFFS = flags.DEFINE_string("cost_coefficients", "", "Cost-model JSON ('' = shipped fit).")
 _VARIANTS = flags.DEFINE_list("variants", ["after"], "Learners to time side by side: after (the "
                               "library's), before (before issue 14's changes), "
-                              "agent:<field>=<value>[+...] (the library's with AgentConfig "
-                              "fields changed).")
+                              "agent:<field>=<value>[+...] or ppo:<field>=<value>[+...] (the "
+                              "library's with AgentConfig or PPOConfig fields changed).")
 _PROFILE = flags.DEFINE_bool("profile", False, "Also time each part of the learner per variant.")
 _REPEATS = flags.DEFINE_integer("repeats", 7, "Interleaved rounds of the --profile timings.")
 _EPOCHS = flags.DEFINE_integer("update_epochs", None, "PPO epochs per update (default: the "

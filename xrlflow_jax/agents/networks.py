@@ -38,6 +38,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from xrlflow_jax import ops
+from xrlflow_jax.agents.distributions import MASKED_LOGIT
 from xrlflow_jax.errors import XrlflowError
 from xrlflow_jax.graph import layout
 from xrlflow_jax.rules.ruleset import RuleSet
@@ -198,6 +199,14 @@ def segment_softmax_sum(logits: jax.Array, values: jax.Array, valid: jax.Array,
   den = jax.ops.segment_sum(w, segments, num_segments + 1)
   num = jax.ops.segment_sum(w[..., None] * values, segments, num_segments + 1)
   return (num / jnp.maximum(den, 1e-9)[..., None])[:num_segments]
+
+
+def _scatter_scores(scores: jax.Array, index: jax.Array, used: jax.Array, actions: int
+                    ) -> jax.Array:
+  """float32[actions]: the scores float32[C] of compacted slots at their flat actions
+  int32[C] (slots not `used` bool[C] scatter nowhere); MASKED_LOGIT everywhere else."""
+  target = jnp.where(used, index, actions)
+  return jnp.full([actions], MASKED_LOGIT, scores.dtype).at[target].set(scores, mode="drop")
 
 
 class MLP(nn.Module):
@@ -417,8 +426,7 @@ class ActorCritic(nn.Module):
     z = (slots + self.rule_embed(index // l) + self.cost_in(cost_feats.reshape(r * l, -1)[index])
          + self.context_in(emb)[None, :])
     scores = self.scorer(nn.relu(z))[..., 0]  # [C]
-    target = jnp.where(compact.used, index, r * l)  # unused slots scatter nowhere
-    return jnp.full([r * l], -1e9, scores.dtype).at[target].set(scores, mode="drop").reshape(r, l)
+    return _scatter_scores(scores, index, compact.used, r * l).reshape(r, l)
 
   def _slot_terms(self, h: jax.Array, cand_nodes: jax.Array) -> jax.Array:
     """float32[R, L, H]: `slot_in` (a DenseGeneral over the P matched nodes' embeddings) of every
@@ -482,9 +490,7 @@ class ActorCritic(nn.Module):
       cost_c = cost_feats.reshape(r * l, -1)[idx]
       z = jnp.concatenate([cand, cand - emb, rules.reshape(r * l, -1)[idx],
                            self.cost_in(cost_c)], -1)
-      scores_c = self.scorer(z)[..., 0]
-      target = jnp.where(candidates.used, idx, r * l)
-      scores = jnp.full([r * l], -1e9, scores_c.dtype).at[target].set(scores_c, mode="drop")
+      scores = _scatter_scores(self.scorer(z)[..., 0], idx, candidates.used, r * l)
     logits = jnp.concatenate([scores.reshape(-1), self.stop_head(emb)])
     return logits, self.value_head(emb)[0]
 
@@ -591,8 +597,8 @@ class Agent:
       delta, candidates = obs.candidate_delta, None
       slots = self.config.max_candidates
       if slots and slots < r * l:
-        every, count = self.ruleset.valid_actions(mask)
-        candidates = LocalCandidates(index=every[:slots], used=jnp.arange(slots) < count)
+        index, used = self.ruleset.compact_actions(mask, slots)
+        candidates = LocalCandidates(index=index, used=used)
     removed = obs.candidate_removed_cost / scale
     delta = delta / scale
     cost_feats = jnp.stack([removed * 10.0, delta * 10.0, _signed_log(100.0 * delta),

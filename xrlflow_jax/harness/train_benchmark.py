@@ -145,8 +145,8 @@ def _overrides(spec: str, config: Any) -> Any:
 
 def variant(name: str, trainer: Trainer) -> Variant:
   """`after`: `trainer` as built; `before`: the same environment and configuration with the
-  reference learner; `agent:...`: the library's learner with `AgentConfig` fields changed
-  (see the module docstring)."""
+  reference learner; `agent:...` / `ppo:...`: the library's learner with `AgentConfig` /
+  `PPOConfig` fields changed (see the module docstring)."""
   if name == "after":
     return Variant(name, trainer)
   kind, sep, spec = name.partition(":")

@@ -170,6 +170,16 @@ class RuleSet:
     (every,) = jnp.nonzero(flat, size=flat.shape[0] + pad, fill_value=0)
     return every.astype(jnp.int32), flat.sum().astype(jnp.int32)
 
+  def compact_actions(self, mask: jax.Array, slots: int | None = None
+                      ) -> tuple[jax.Array, jax.Array]:
+    """The valid candidates of `mask` bool[R, L] compacted (action order) into C = `slots`
+    slots (None: R * L): (index int32[C] the flat action of each slot (0 where unused), used
+    bool[C]: the slot holds a valid candidate). Valid candidates past C are left out."""
+    a = mask.size
+    c = min(slots or a, a)
+    every, count = self.valid_actions(mask)
+    return every[:c], jnp.arange(c) < count
+
   def candidate_edits(self, graph: layout.Graph, nodes: jax.Array, mask: jax.Array,
                       slots: int | None = None) -> tuple[edit_lib.Edit, jax.Array, jax.Array]:
     """The plans of the valid candidates only, compacted (action order) into `slots` slots;
@@ -182,11 +192,7 @@ class RuleSet:
       (plans with a leading axis C, index int32[C] the flat action of each slot (0 where
       unused), used bool[C]: the slot holds a valid candidate).
     """
-    a = mask.size
-    c = min(slots or a, a)
-    every, count = self.valid_actions(mask)
-    index = every[:c]
-    used = jnp.arange(c) < count
+    index, used = self.compact_actions(mask, slots)
     plans = jax.tree_util.tree_map(lambda x: x[index], self.plans(graph, nodes))
     return plans, index, used
 
