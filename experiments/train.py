@@ -10,6 +10,14 @@ msgpack; a rerun with the same workdir resumes from the latest one and reproduce
 uninterrupted run), curves.png (when matplotlib is installed), best_graph.txt and results.json
 (modelled cost and XLA-measured latency of the initial and the best graph, numerics checked).
 
+Several processes (one per host, or several on one machine) train one run data-parallel on JAX's
+distributed runtime: give each the same flags plus its --process_id, or --distributed alone on a
+cluster JAX detects (SLURM, Open MPI, Kubernetes, Cloud TPU). The workdir must be on a file
+system every process sees; process 0 writes everything but the checkpoints' shards.
+
+    python -m experiments.train --workdir=/shared/run --coordinator_address=host0:1234 \
+        --num_processes=2 --process_id=0   # and --process_id=1 on the other
+
 Training runs in chunks of `updates_per_chunk` updates, each one jitted `lax.scan` of PPO
 updates (one compile for the whole run); progress, metrics and checkpoints happen between chunks.
 """
@@ -29,7 +37,8 @@ from ml_collections import config_flags
 
 from xrlflow_jax import compilation_cache, measure
 from xrlflow_jax import graph as G
-from xrlflow_jax.agents import METRICS, checkpoint, ppo, runs, summaries
+from xrlflow_jax.agents import METRICS, checkpoint, distributed, ppo, runs, summaries
+from xrlflow_jax.errors import XrlflowError
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", str(Path(__file__).resolve().parent / "configs" / "ppo.py") + ":test",
@@ -42,6 +51,14 @@ _CACHE = flags.DEFINE_string("compilation_cache", "",
                              "JAX's persistent compilation cache directory (default: "
                              "$XRLFLOW_COMPILATION_CACHE, else ~/.cache/xrlflow_jax/xla); 'off' "
                              "to compile afresh.")
+_DISTRIBUTED = flags.DEFINE_bool(
+    "distributed", False, "Train over several processes: jax.distributed.initialize() detects "
+    "the cluster, or uses --coordinator_address, --num_processes and --process_id.")
+_COORDINATOR = flags.DEFINE_string(
+    "coordinator_address", "", "host:port of process 0's coordinator (implies --distributed).")
+_NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Processes of a distributed run.")
+_PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process's index in a distributed "
+                                   "run (0 writes the metrics and reports).")
 
 
 class Progress:
@@ -78,10 +95,10 @@ def _fmt(m: dict[str, float]) -> str:
 
 
 def _best_over_seeds(state: Any, seeded: bool):
-  """(best_cost [G], best_graph [G], initial_cost [G]) on the host, best over seeds."""
-  best_cost = np.asarray(state.best_cost)
-  graphs = jax.tree_util.tree_map(np.asarray, state.best_graph)
-  initial = np.asarray(state.initial_cost)
+  """(best_cost [G], best_graph [G], initial_cost [G]) on the host, best over seeds (every
+  process of a distributed run calls it)."""
+  best_cost, graphs, initial = distributed.to_host(
+      (state.best_cost, state.best_graph, state.initial_cost))
   if not seeded:
     return best_cost, graphs, initial
   s = best_cost.argmin(0)  # [G]
@@ -89,10 +106,11 @@ def _best_over_seeds(state: Any, seeded: bool):
   return (best_cost[s, g], jax.tree_util.tree_map(lambda a: a[s, g], graphs), initial[0])
 
 
-def _report_best(run: runs.Run, state: Any, seeded: bool, workdir: Path, rounds: int) -> dict:
+def _report_best(run: runs.Run, best: tuple[Any, Any, Any], workdir: Path, rounds: int) -> dict:
   """Validates, checks numerics of and times (side by side, `measure.compare` with `rounds`
-  rounds; 0: not timed) the initial and best graph of every pool graph."""
-  best_cost, graphs, initial = _best_over_seeds(state, seeded)
+  rounds; 0: not timed) the initial and best graph of every pool graph; best is
+  `_best_over_seeds`."""
+  best_cost, graphs, initial = best
   results = []
   dumps = []
   for i, name in enumerate(run.names):
@@ -120,7 +138,17 @@ def _report_best(run: runs.Run, state: Any, seeded: bool, workdir: Path, rounds:
 
 
 def main(argv: list[str]) -> None:
+  try:
+    _train(argv)
+  except XrlflowError as e:  # refused input or a run that cannot go on: one line, no traceback
+    raise SystemExit(f"error: {type(e).__name__}: {e}") from None
+
+
+def _train(argv: list[str]) -> None:
   del argv
+  if _DISTRIBUTED.value or _COORDINATOR.value:
+    distributed.initialize(_COORDINATOR.value or None, _NUM_PROCESSES.value, _PROCESS_ID.value)
+  main_process = distributed.is_main()
   if not flags.FLAGS["verbosity"].present:
     logging.set_verbosity(logging.WARNING)  # orbax logs every checkpoint step at INFO
   config = _CONFIG.value
@@ -134,18 +162,21 @@ def main(argv: list[str]) -> None:
     raise app.UsageError(f"--workdir {str(workdir)!r} is an existing file, not a folder")
   workdir.mkdir(parents=True, exist_ok=True)
   compilation_cache.enable(_CACHE.value or None)
-  (workdir / "config.json").write_text(config.to_json_best_effort(indent=2))
+  if main_process:
+    (workdir / "config.json").write_text(config.to_json_best_effort(indent=2))
 
   run = runs.build(config)
   trainer = run.trainer
+  distributed.check_same_program(trainer)
+  say = print if main_process else (lambda *a, **k: None)
   cfg = trainer.config
   seeds = int(config.num_seeds)
   seeded = seeds > 1
-  print(f"pool {run.names} ({[G.num_nodes(g) for g in run.graphs]} nodes, capacity "
-        f"{G.capacity(run.graphs[0])}); {len(run.ruleset)} rules x {run.ruleset.max_locations} "
-        f"locations; head {run.agent.config.head}; {len(trainer.devices)} device(s) "
-        f"{trainer.devices[0].device_kind}; {cfg.num_updates} updates of {cfg.batch_size} steps; "
-        f"{seeds} seed(s)", flush=True)
+  say(f"pool {run.names} ({[G.num_nodes(g) for g in run.graphs]} nodes, capacity "
+      f"{G.capacity(run.graphs[0])}); {len(run.ruleset)} rules x {run.ruleset.max_locations} "
+      f"locations; head {run.agent.config.head}; {len(trainer.devices)} device(s) "
+      f"{trainer.devices[0].device_kind} in {jax.process_count()} process(es); "
+      f"{cfg.num_updates} updates of {cfg.batch_size} steps; {seeds} seed(s)", flush=True)
 
   key = jax.random.PRNGKey(int(config.seed))
   t0 = time.perf_counter()
@@ -155,35 +186,36 @@ def main(argv: list[str]) -> None:
     state = trainer.init(key)
   n_params = sum(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(state.params))
   n_params //= seeds if seeded else 1
-  print(f"initialised in {time.perf_counter() - t0:.1f}s; {n_params} parameters", flush=True)
+  say(f"initialised in {time.perf_counter() - t0:.1f}s; {n_params} parameters", flush=True)
 
   ckpt_dir = workdir / "checkpoints"
   done = 0
   if _RESUME.value and checkpoint.steps(ckpt_dir):
     state, done = checkpoint.restore(ckpt_dir, state)
-    print(f"resumed from update {done} ({ckpt_dir})", flush=True)
+    say(f"resumed from update {done} ({ckpt_dir})", flush=True)
   chunk = ppo.chunk_size(cfg.num_updates, int(config.updates_per_chunk))
   if done % chunk:
     raise runs.AgentError(f"checkpoint at update {done} is not at a chunk boundary ({chunk}); "
                           "resume with the updates_per_chunk it was written with")
-  csv = summaries.CsvWriter(workdir / "metrics.csv", METRICS, resume_from=done)
-  tb = summaries.TensorBoardWriter(workdir / "tb")
-  have = summaries.available()
-  if not tb.active:
-    print("TensorBoard event files: skipped (neither tensorboardX nor tensorflow is installed)")
-  if have["png"] is None:
-    print("training curve PNG: skipped (matplotlib is not installed)")
+  csv = tb = None
+  if main_process:
+    csv = summaries.CsvWriter(workdir / "metrics.csv", METRICS, resume_from=done)
+    tb = summaries.TensorBoardWriter(workdir / "tb")
+    if not tb.active:
+      print("TensorBoard event files: skipped (neither tensorboardX nor tensorflow is installed)")
+    if summaries.available()["png"] is None:
+      print("training curve PNG: skipped (matplotlib is not installed)")
 
   run_fn = trainer.run_seeds if seeded else trainer.run
-  progress = Progress(cfg.num_updates, done)
+  progress = Progress(cfg.num_updates, done) if main_process else None
   chunks = 0
   t_train = time.perf_counter()
   steps_done = 0
   stop_at = min(cfg.num_updates, done + _STOP.value) if _STOP.value > 0 else cfg.num_updates
   while done < stop_at:
     state, metrics = run_fn(state, chunk)
-    metrics = {k: np.asarray(v).reshape(seeds, chunk) for k, v in metrics.items()}
-    for j in range(chunk):
+    metrics = {k: v.reshape(seeds, chunk) for k, v in distributed.to_host(metrics).items()}
+    for j in range(chunk if main_process else 0):
       for s in range(seeds):
         row = {k: v[s, j] for k, v in metrics.items()}
         csv.write(done + j + 1, s, row)
@@ -194,22 +226,27 @@ def main(argv: list[str]) -> None:
     steps_done += chunk * cfg.batch_size * seeds
     last = {k: float(np.nanmean(v[:, -1])) if np.isfinite(v[:, -1]).any() else math.nan
             for k, v in metrics.items()}
-    progress.advance(chunk, _fmt(last))
+    if progress is not None:
+      progress.advance(chunk, _fmt(last))
     if (config.checkpoint_every and chunks % int(config.checkpoint_every) == 0) or \
         done >= stop_at:
       checkpoint.save(ckpt_dir, done, state, backend=config.checkpoint_backend)
+  elapsed = time.perf_counter() - t_train
+  best = _best_over_seeds(state, seeded)  # a collective: before the other processes leave
+  if not main_process:
+    return
   progress.close()
   tb.close()
-  elapsed = time.perf_counter() - t_train
   if steps_done:
     print(f"trained {steps_done} environment steps in {elapsed:.1f}s (first chunk includes the "
           f"compile): {steps_done / elapsed:.1f} steps/s", flush=True)
   if summaries.plot_curves(workdir / "metrics.csv", workdir / "curves.png"):
     print(f"training curve: {workdir / 'curves.png'}")
 
-  report = _report_best(run, state, seeded, workdir, int(config.latency_rounds))
+  report = _report_best(run, best, workdir, int(config.latency_rounds))
   report.update({"updates": done, "env_steps": done * cfg.batch_size, "seeds": seeds,
-                 "parameters": n_params})
+                 "parameters": n_params, "processes": jax.process_count(),
+                 "devices": len(trainer.devices)})
   (workdir / "results.json").write_text(json.dumps(report, indent=2) + "\n")
   for r in report["graphs"]:
     line = (f"{r['graph']}: modelled cost {r['initial_cost_ms']:.4f} -> {r['best_cost_ms']:.4f} "

@@ -476,6 +476,19 @@ def test_benchmark_variants_change_the_named_fields_only(trainer):
       benchmark.variant(bad, trainer)
 
 
+def test_named_configs_train_the_models_they_name():
+  """`--config=...ppo.py:<arg>`: the run names pick their model (the training binary's default
+  is `test`), a zoo name a tiny model unless suffixed, and onnx= a file."""
+  assert ppo_configs.get_config("test").model.name == "squeezenet1_1"
+  job = ppo_configs.get_config("job")
+  assert (job.model.name, job.env.horizon) == ("nasrnn", 20)
+  bert = ppo_configs.get_config("bert,default")
+  assert (bert.model.name, bert.model.size) == ("bert", "default")
+  assert ppo_configs.get_config("vit").model.size == "tiny"
+  onnx = ppo_configs.get_config("onnx=/x/y.onnx")
+  assert (onnx.model.onnx, onnx.model.name) == ("/x/y.onnx", "")
+
+
 def test_bad_configs_are_clear_errors(env, ruleset):
   with pytest.raises(AgentError, match="head"):
     Agent(ruleset, _node_costs, AgentConfig(head="global"))

@@ -391,3 +391,88 @@ def test_timing_flags_are_defined_once_for_every_binary():
   cli_flags.define_timing_flags(looks_default=1, min_round_ms_default=None, flag_values=fv)
   assert set(fv) == {"rounds", "repeats_per_round", "looks"}
   assert "--min_round_ms" not in fv["repeats_per_round"].help
+
+
+def _free_port() -> int:
+  import socket  # pylint: disable=g-import-not-at-top
+  with socket.socket() as s:
+    s.bind(("localhost", 0))
+    return s.getsockname()[1]
+
+
+def _train_in_processes(workdir: Path, processes: int, *args: str,
+                        env: dict[str, str]) -> list[str]:
+  """`experiments.train` in `processes` local processes of one distributed run (one CPU
+  device each; JAX's CPU collectives between them); their stdouts."""
+  common = [sys.executable, "-m", "experiments.train", f"--workdir={workdir}", *args]
+  if processes > 1:
+    common.append(f"--coordinator_address=localhost:{_free_port()}")
+    common.append(f"--num_processes={processes}")
+  procs = [subprocess.Popen(common + ([f"--process_id={i}"] if processes > 1 else []), cwd=REPO,
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+           for i in range(processes)]
+  outs = []
+  for p in procs:
+    out, err = p.communicate(timeout=900)
+    assert p.returncode == 0, f"experiments.train failed:\n{out[-3000:]}\n{err[-5000:]}"
+    outs.append(out)
+  return outs
+
+
+def _last_checkpoint_leaves(workdir: Path) -> list[np.ndarray]:
+  """The arrays of the newest checkpoint `experiments.train` wrote, in leaf order."""
+  from xrlflow_jax.agents import checkpoint  # pylint: disable=g-import-not-at-top
+  folder = workdir / "checkpoints" / f"step_{checkpoint.steps(workdir / 'checkpoints')[-1]:08d}"
+  if (folder / "state.msgpack").is_file():
+    from flax import serialization  # pylint: disable=g-import-not-at-top
+    raw = serialization.msgpack_restore((folder / "state.msgpack").read_bytes())
+  else:
+    import jax  # pylint: disable=g-import-not-at-top
+    import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
+    here = jax.sharding.SingleDeviceSharding(jax.devices()[0])  # saved over other devices
+    reader = ocp.StandardCheckpointer()
+    saved = reader.metadata((folder / "state").resolve()).item_metadata
+    raw = reader.restore((folder / "state").resolve(), {
+        k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=here) for k, v in saved.items()})
+  return [np.asarray(raw[k]) for k in sorted(raw)]
+
+
+@pytest.mark.slow  # three training runs, ~4 min on 2 cores; see README for -m slow
+def test_two_processes_train_as_one_and_resume_after_a_stop(tmp_path, xla_defaults_env):
+  """Data-parallel PPO over two processes on JAX's distributed runtime (`agents.distributed`):
+  two local processes, one CPU device each, stopped after 2 of 4 updates and rerun (resuming
+  from the checkpoint they wrote together), give the metrics, parameters and best graph of one
+  uninterrupted process with the same seed and global batch. XLA's default code generation
+  (the suite's fast-compile flags reorder float reductions between the two layouts)."""
+  env = {**xla_defaults_env, "JAX_PLATFORMS": "cpu"}
+  args = ["--config.latency_rounds=0", "--config.ppo.total_timesteps=256",
+          "--config.updates_per_chunk=2", f"--compilation_cache={tmp_path / 'cache'}"]
+  one, two = tmp_path / "one", tmp_path / "two"
+  _train_in_processes(one, 1, *args, env=env)
+  first = _train_in_processes(two, 2, *args, "--stop_after=2", env=env)
+  assert "2 device(s) cpu in 2 process(es)" in first[0]
+  assert "pool " not in first[1] and "trained " not in first[1]  # process 0 reports alone
+  again = _train_in_processes(two, 2, *args, env=env)
+  assert "resumed from update 2" in again[0]
+  a, b = _rows(one / "metrics.csv"), _rows(two / "metrics.csv")
+  assert [r["update"] for r in b] == ["1", "2", "3", "4"] == [r["update"] for r in a]
+  for key in ("loss", "entropy", "approx_kl", "grad_norm", "episode_return", "best_cost_ratio"):
+    np.testing.assert_allclose([float(r[key]) for r in b], [float(r[key]) for r in a],
+                               rtol=1e-4, atol=1e-6, err_msg=key)
+  for x, y in zip(_last_checkpoint_leaves(two), _last_checkpoint_leaves(one)):
+    np.testing.assert_allclose(x, y, rtol=1e-4, atol=1e-5)
+  r1, r2 = (json.loads((w / "results.json").read_text()) for w in (one, two))
+  assert (r2["processes"], r2["devices"]) == (2, 2) and (r1["processes"], r1["devices"]) == (1, 1)
+  assert r2["graphs"][0]["best_cost_ms"] == pytest.approx(r1["graphs"][0]["best_cost_ms"],
+                                                         rel=1e-6)
+  assert r2["graphs"][0]["numerics_passed"]
+
+
+def test_training_a_model_that_does_not_exist_is_one_clear_line(tmp_path):
+  proc = subprocess.run([sys.executable, "-m", "experiments.train",
+                         "--config=experiments/configs/ppo.py:nosuchnet",
+                         f"--workdir={tmp_path / 'run'}"],
+                        cwd=REPO, env={**os.environ, "JAX_PLATFORMS": "cpu"},
+                        capture_output=True, text=True, timeout=300, check=False)
+  assert proc.returncode != 0
+  assert "unknown model 'nosuchnet'" in proc.stderr and "Traceback" not in proc.stderr

@@ -6,6 +6,7 @@ one jitted training run, data-parallel across devices).
   gae           gae (truncation bootstraps, termination does not)
   ppo           PPOConfig, make_train / Trainer, RunnerState, Transition
   checkpoint    save / restore a RunnerState (orbax when installed, else msgpack)
+  distributed   multi-process runs on jax.distributed: initialize, is_main, to_host
   summaries     metric writers: CSV, TensorBoard event files
 """
 

@@ -5,7 +5,9 @@
 
 Two backends: orbax (`orbax.checkpoint.StandardCheckpointer`: sharded arrays, multi-host,
 restores onto the target's shardings) when it is importable, otherwise flax's msgpack bytes of
-the host arrays. Both store the leaves of the flattened pytree and check on restore that the
+the host arrays. In a multi-process run (`distributed`) every process calls `save` with the
+same folder on a shared file system: orbax writes each process's shards, msgpack gathers them
+and process 0 writes the file, the metadata and the final rename. Both store the leaves of the flattened pytree and check on restore that the
 structure, shapes and dtypes match the target, so a checkpoint from another config is a clear
 error rather than a silent mismatch. A step directory appears only once fully written.
 """
@@ -24,6 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import serialization
 
+from xrlflow_jax.agents import distributed
 from xrlflow_jax.errors import XrlflowError
 
 try:  # orbax ships with flax but is not one of this package's declared dependencies
@@ -75,12 +78,18 @@ def save(workdir: str | os.PathLike[str], step: int, state: Any, *, backend: str
   """
   backend = _backend(backend)
   root = Path(workdir)
-  root.mkdir(parents=True, exist_ok=True)
   final = root / f"step_{step:08d}"
-  tmp = root / f".tmp_step_{step:08d}_{os.getpid()}"
-  if tmp.exists():
-    shutil.rmtree(tmp)
-  tmp.mkdir()
+  # A run over several processes (`distributed`) saves from all of them into one folder on a
+  # file system they share: orbax writes each process's shards, process 0 the rest.
+  many = distributed.multi_process()
+  tmp = root / (f".tmp_step_{step:08d}" if many else f".tmp_step_{step:08d}_{os.getpid()}")
+  main = distributed.is_main()
+  if main:
+    root.mkdir(parents=True, exist_ok=True)
+    if tmp.exists():
+      shutil.rmtree(tmp)
+    tmp.mkdir()
+  distributed.barrier(f"checkpoint {step}: folder")
   leaves, treedef = jax.tree_util.tree_flatten(state)
   if backend == "orbax":
     checkpointer = ocp.StandardCheckpointer()
@@ -88,17 +97,20 @@ def save(workdir: str | os.PathLike[str], step: int, state: Any, *, backend: str
     checkpointer.wait_until_finished()
     checkpointer.close()
   else:
-    host = {f"{i:06d}": np.asarray(jax.device_get(x)) for i, x in enumerate(leaves)}
-    (tmp / "state.msgpack").write_bytes(serialization.msgpack_serialize(host))
-  meta = {"step": int(step), "backend": backend, "treedef": str(treedef),
-          "leaves": _describe(leaves)}
-  (tmp / "meta.json").write_text(json.dumps(meta))
-  if final.exists():
-    shutil.rmtree(final)
-  os.replace(tmp, final)
-  if max_to_keep is not None:
-    for old in steps(root)[:-max_to_keep]:
-      shutil.rmtree(root / f"step_{old:08d}", ignore_errors=True)
+    host = {f"{i:06d}": x for i, x in enumerate(distributed.to_host(leaves))}
+    if main:
+      (tmp / "state.msgpack").write_bytes(serialization.msgpack_serialize(host))
+  if main:
+    meta = {"step": int(step), "backend": backend, "treedef": str(treedef),
+            "leaves": _describe(leaves)}
+    (tmp / "meta.json").write_text(json.dumps(meta))
+    if final.exists():
+      shutil.rmtree(final)
+    os.replace(tmp, final)
+    if max_to_keep is not None:
+      for old in steps(root)[:-max_to_keep]:
+        shutil.rmtree(root / f"step_{old:08d}", ignore_errors=True)
+  distributed.barrier(f"checkpoint {step}: written")
   return final
 
 

@@ -18,10 +18,11 @@ environment axis and minibatches along their sample axis with sharding constrain
 and optimiser state are replicated. XLA's SPMD partitioner then runs each device's environments
 and minibatch share locally and all-reduces the gradients (the loss is a mean over the global
 minibatch, so that is the average of the per-device gradients). The program is the same for any
-number of devices, so results match a single device up to float reduction order. Multi-host:
-call `jax.distributed.initialize()` first; `jax.devices()` then spans all hosts, the mesh covers
-them and the same code runs unchanged (metrics and checkpoints need `process_allgather` / orbax's
-multi-host saving, which `checkpoint.py` uses when orbax is present).
+number of devices, so results match a single device up to float reduction order. Multi-process
+(several hosts, or several processes on one): `distributed.initialize` first; `jax.devices()`
+then spans every process, the mesh covers them and the same code runs unchanged, each process
+stepping its own devices' environments (`experiments.train --num_processes`; host copies of
+sharded results through `distributed.to_host`, checkpoints written by all processes).
 """
 
 from __future__ import annotations
