@@ -476,3 +476,19 @@ def test_training_a_model_that_does_not_exist_is_one_clear_line(tmp_path):
                         capture_output=True, text=True, timeout=300, check=False)
   assert proc.returncode != 0
   assert "unknown model 'nosuchnet'" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_processes_that_build_different_runs_stop_with_one_line(tmp_path):
+  """Every process of a distributed run must trace the same program: a process given another
+  horizon is refused by all of them before anything trains."""
+  port = _free_port()
+  procs = [subprocess.Popen(
+      [sys.executable, "-m", "experiments.train", f"--workdir={tmp_path / 'run'}",
+       f"--coordinator_address=localhost:{port}", "--num_processes=2", f"--process_id={i}",
+       f"--config.env.horizon={10 + i}"], cwd=REPO, env={**os.environ, "JAX_PLATFORMS": "cpu"},
+      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]
+  for p in procs:
+    out, err = p.communicate(timeout=600)
+    assert p.returncode != 0, out[-2000:]
+    assert "processes [1] built another trainer than process 0" in err, err[-3000:]
+    assert "Traceback" not in err and "initialised" not in out
