@@ -28,14 +28,15 @@ import json
 import math
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import jax
 import numpy as np
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from xrlflow_jax import compilation_cache, measure
+from xrlflow_jax import compilation_cache, measure, search, workflow
+from xrlflow_jax.cost import kernel_table
 from xrlflow_jax import graph as G
 from xrlflow_jax.agents import METRICS, checkpoint, distributed, ppo, runs, summaries
 from xrlflow_jax.errors import XrlflowError
@@ -47,6 +48,9 @@ _WORKDIR = flags.DEFINE_string("workdir", "/tmp/xrlflow_train", "Output director
 _RESUME = flags.DEFINE_bool("resume", True, "Resume from the latest checkpoint in --workdir.")
 _STOP = flags.DEFINE_integer("stop_after", 0, "Stop this invocation after this many updates "
                              "(0: run to the end); a rerun resumes.")
+_MAX_MINUTES = flags.DEFINE_float(
+    "max_minutes", 0.0, "Stop this invocation after the first chunk that ends this many "
+    "minutes after training began, with a checkpoint (0: no limit); a rerun resumes.")
 _CACHE = flags.DEFINE_string("compilation_cache", "",
                              "JAX's persistent compilation cache directory (default: "
                              "$XRLFLOW_COMPILATION_CACHE, else ~/.cache/xrlflow_jax/xla); 'off' "
@@ -89,16 +93,40 @@ class Progress:
       self.bar.close()
 
 
-def _fmt(m: dict[str, float]) -> str:
-  return (f"return {m['episode_return']:.3f} best {m['best_cost_ratio']:.3f} "
-          f"entropy {m['entropy']:.3f} kl {m['approx_kl']:.4f}")
+def _fmt(m: dict[str, float], names: list[str], ratios: np.ndarray, steps_per_s: float) -> str:
+  """The progress text: the last update's metrics, the best cost ratio of each pool graph
+  (ratios float[G], best over seeds; the 8 lowest of a larger pool) and the throughput."""
+  order = np.argsort(ratios, kind="stable")[:8]
+  per_graph = ", ".join(f"{names[i]} {ratios[i]:.3f}" for i in order)
+  more = f" (+{len(names) - len(order)} more)" if len(names) > len(order) else ""
+  return (f"return {m['episode_return']:.3f} entropy {m['entropy']:.3f} kl "
+          f"{m['approx_kl']:.4f} | best {per_graph}{more} | {steps_per_s:.1f} steps/s")
 
 
-def _best_over_seeds(state: Any, seeded: bool):
-  """(best_cost [G], best_graph [G], initial_cost [G]) on the host, best over seeds (every
-  process of a distributed run calls it)."""
+def _kernel_table(config: Any, pool: tuple[list, list, list], ruleset: Any, coeffs: Any,
+                  say: Callable[..., None]) -> Any:
+  """The environment's kernel table (`config.env.kernels`): None for the roofline; measured
+  kernels of the graphs a TASO-style search meets from each pool graph, measured by process
+  0 and sent to the others (processes that each measured would build different programs)."""
+  how = str(config.env.get("kernels", "roofline"))
+  if how == "roofline":
+    return None
+  if how != "measured":
+    raise app.UsageError(f"--config.env.kernels={how!r}: use 'roofline' or 'measured'")
+  table = None
+  if distributed.is_main():
+    budget = int(config.env.get("kernel_budget", 0)) or search.DEFAULT_KERNEL_BUDGET
+    _, graphs, params = pool
+    table = search.fill_kernel_table(graphs, params, ruleset, coeffs, kernel_table.shared(),
+                                     budget, log=lambda line: say(line, flush=True))
+  return distributed.broadcast_kernel_table(table)
+
+
+def _best_over_seeds(state: Any, seeded: bool, with_graphs: bool = True):
+  """(best_cost [G], best_graph [G] (None unless `with_graphs`), initial_cost [G]) on the
+  host, best over seeds (every process of a distributed run calls it)."""
   best_cost, graphs, initial = distributed.to_host(
-      (state.best_cost, state.best_graph, state.initial_cost))
+      (state.best_cost, state.best_graph if with_graphs else None, state.initial_cost))
   if not seeded:
     return best_cost, graphs, initial
   s = best_cost.argmin(0)  # [G]
@@ -164,11 +192,14 @@ def _train(argv: list[str]) -> None:
   compilation_cache.enable(_CACHE.value or None)
   if main_process:
     (workdir / "config.json").write_text(config.to_json_best_effort(indent=2))
-
-  run = runs.build(config)
+  say = print if main_process else (lambda *a, **k: None)
+  pool = runs.load_pool(config.model)
+  ruleset = workflow.ruleset(config.env.rules, int(config.env.max_locations))
+  coeffs = runs.load_cost(config.env.cost_coefficients)
+  kernels = _kernel_table(config, pool, ruleset, coeffs, say)
+  run = runs.build(config, coeffs=coeffs, pool=pool, ruleset=ruleset, kernels=kernels)
   trainer = run.trainer
   distributed.check_same_program(trainer)
-  say = print if main_process else (lambda *a, **k: None)
   cfg = trainer.config
   seeds = int(config.num_seeds)
   seeded = seeds > 1
@@ -226,8 +257,17 @@ def _train(argv: list[str]) -> None:
     steps_done += chunk * cfg.batch_size * seeds
     last = {k: float(np.nanmean(v[:, -1])) if np.isfinite(v[:, -1]).any() else math.nan
             for k, v in metrics.items()}
+    best_cost, _, initial = _best_over_seeds(state, seeded, with_graphs=False)
     if progress is not None:
-      progress.advance(chunk, _fmt(last))
+      rate = steps_done / max(time.perf_counter() - t_train, 1e-9)
+      progress.advance(chunk, _fmt(last, run.names, best_cost / initial, rate))
+    # Process 0's clock decides, so that every process stops after the same chunk.
+    out_of_time = bool(distributed.from_main(np.bool_(
+        _MAX_MINUTES.value > 0 and time.perf_counter() - t_train > 60 * _MAX_MINUTES.value)))
+    if out_of_time and done < stop_at:
+      say(f"stopped at --max_minutes={_MAX_MINUTES.value:g} after update {done}; a rerun with "
+          "this workdir resumes", flush=True)
+      stop_at = done
     if (config.checkpoint_every and chunks % int(config.checkpoint_every) == 0) or \
         done >= stop_at:
       checkpoint.save(ckpt_dir, done, state, backend=config.checkpoint_backend)

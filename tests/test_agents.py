@@ -17,7 +17,7 @@ import pytest
 
 from xrlflow_jax import GraphBuilder, cost, search, workflow
 from xrlflow_jax import graph as G
-from xrlflow_jax.agents import training
+from xrlflow_jax.agents import runs, training
 from xrlflow_jax.agents import (Agent, AgentConfig, AgentError, MaskedCategorical, PPOConfig,
                                 checkpoint, gae, make_train, ppo, runs, summaries)
 from xrlflow_jax.configs import ppo as ppo_configs
@@ -487,6 +487,21 @@ def test_named_configs_train_the_models_they_name():
   assert ppo_configs.get_config("vit").model.size == "tiny"
   onnx = ppo_configs.get_config("onnx=/x/y.onnx")
   assert (onnx.model.onnx, onnx.model.name) == ("/x/y.onnx", "")
+
+
+def test_a_pool_mixes_sizes_and_names_each_graph_once():
+  """`runs.load_pool`: "+"-joined models, each at the config's size or its own after a comma,
+  at one capacity; a graph named twice is refused."""
+  model = ppo_configs.get_config("test").model
+  model.capacity = 0
+  model.name = "squeezenet1_1+squeezenet1_1,default+nasrnn"
+  names, graphs, _ = runs.load_pool(model)
+  assert names == ["squeezenet1_1[tiny]", "squeezenet1_1", "nasrnn[tiny]"]
+  assert len({G.capacity(g) for g in graphs}) == 1
+  assert G.num_nodes(graphs[0]) == G.num_nodes(graphs[1])
+  model.name = "nasrnn+nasrnn,tiny"
+  with pytest.raises(AgentError, match="names a graph twice"):
+    runs.load_pool(model)
 
 
 def test_bad_configs_are_clear_errors(env, ruleset):

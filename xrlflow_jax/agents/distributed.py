@@ -18,10 +18,12 @@ from __future__ import annotations
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax.experimental import multihost_utils
 
 from xrlflow_jax import trace_cache
+from xrlflow_jax.cost.model import KernelTable
 from xrlflow_jax.errors import XrlflowError
 
 
@@ -79,6 +81,28 @@ def to_host(tree: Any) -> Any:
     return np.asarray(x)
 
   return jax.tree_util.tree_map(one, tree)
+
+
+def from_main(tree: Any, like: Any = None) -> Any:
+  """Process 0's value of `tree` on every process (a collective). The other processes pass
+  `like`, a pytree of the same structure whose leaves have the shapes of process 0's (e.g.
+  zeros), or None when `tree` already has them there."""
+  if not multi_process():
+    return tree
+  source = tree if is_main() or like is None else like
+  return jax.tree_util.tree_map(np.asarray, multihost_utils.broadcast_one_to_all(source))
+
+
+def broadcast_kernel_table(table: Any) -> Any:
+  """Process 0's measured kernel table (`cost.KernelTable`) on every process; the others pass
+  None. Kernel times differ between processes that each measure, and each would then trace
+  another environment: one process measures, all cost with its times."""
+  if not multi_process():
+    return table
+  size = int(from_main(np.int32(table.keys.shape[0] if is_main() else 0)))
+  blank = KernelTable(keys=np.zeros([size], np.uint32), ms=np.zeros([size], np.float32))
+  out = from_main(table if is_main() else blank, like=blank)
+  return KernelTable(keys=jnp.asarray(out.keys), ms=jnp.asarray(out.ms))
 
 
 def check_same_program(trainer: Any) -> None:

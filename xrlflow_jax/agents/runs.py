@@ -38,8 +38,11 @@ class Run:
 
 
 def load_pool(model_cfg: Any) -> tuple[list[str], list[Graph], list[ParamStore]]:
-  """The graphs to optimise: an ONNX file, or zoo models joined by "+" (one pool), loaded by
-  `workflow.load_many` at one capacity (model.capacity, or 0: the largest fitted capacity)."""
+  """The graphs to optimise: an ONNX file, or a pool of models joined by "+", each a zoo name
+  (at model.size, or its own after a comma: "bert,default"), an ONNX path or the stem of a
+  file in ../shared/models; loaded by `workflow.load_many` at one capacity (model.capacity,
+  or 0: the largest fitted capacity). Names carry a zoo size other than the default
+  ("bert[tiny]") where the pool mixes sizes."""
   capacity = int(model_cfg.capacity) or None
   if model_cfg.onnx:
     specs = [workflow.resolve(str(model_cfg.onnx))]
@@ -47,10 +50,17 @@ def load_pool(model_cfg: Any) -> tuple[list[str], list[Graph], list[ParamStore]]
     names = [n for n in str(model_cfg.name).split("+") if n]
     if not names:
       raise AgentError("the config names no model (set model.name or model.onnx)")
-    specs = [workflow.resolve(n, str(model_cfg.size)) for n in names]
+    specs = []
+    for n in names:
+      name, _, size = n.partition(",")
+      specs.append(workflow.resolve(name, size.strip() or str(model_cfg.size)))
   loaded = workflow.load_many(specs, capacity=capacity, seed=int(model_cfg.seed),
                               random_weights=True)
-  return [x.label for x in loaded], [x.graph for x in loaded], [x.params for x in loaded]
+  mixed = len({x.size for x in loaded if x.kind == "zoo"}) > 1
+  labels = [x.name if mixed else x.label for x in loaded]
+  if len(set(labels)) < len(labels):
+    raise AgentError(f"the pool names a graph twice: {labels}")
+  return labels, [x.graph for x in loaded], [x.params for x in loaded]
 
 
 select_rules = workflow.select_rules  # the one home: xrlflow_jax/workflow/rulesets.py

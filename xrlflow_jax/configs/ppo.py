@@ -58,6 +58,12 @@ def get_config(arg: str = "test") -> ml_collections.ConfigDict:
   c.env.exact_candidate_delta = False
   c.env.max_candidates = 0  # with the exact delta: candidates built per step (0: all R x L)
   c.env.cost_coefficients = ""  # a JSON file; "" = the shipped fit for the default device
+  # "measured": `experiments.train` costs with measured kernel times, filled before training
+  # by a TASO-style search of kernel_budget expansions (0: search.DEFAULT_KERNEL_BUDGET) from
+  # each pool graph (kernels met beyond them keep the roofline's estimate); "roofline": the
+  # fitted model alone.
+  c.env.kernels = "roofline"
+  c.env.kernel_budget = 0
 
   # The agent's and PPO's settings are their dataclasses' defaults (the single source).
   c.agent = ml_collections.ConfigDict(dataclasses.asdict(AgentConfig()))

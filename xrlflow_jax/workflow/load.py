@@ -275,7 +275,7 @@ def load(source: str | ModelSpec, *, size: str = "default",
   b = _zoo_builder(spec, seed)
   graph, params = b.build(capacity or fitted_capacity(len(b)))
   label = spec.label if not spec.shape else f"{spec.label}[{spec.shape_label}]"
-  return Loaded(label, "zoo", layout.to_host(graph), params, size=size)
+  return Loaded(label, "zoo", layout.to_host(graph), params, size=spec.size)
 
 
 def load_many(specs: Sequence[ModelSpec], *, capacity: int | None = None, seed: int = 0,
