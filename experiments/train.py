@@ -1,8 +1,13 @@
-r"""Trains the PPO agent on a model's graph and reports the best graph found, measured.
+r"""Trains the PPO agent on a model's graph, or a pool of graphs, and reports the best graph
+found for each, measured.
 
     python -m experiments.train --config=experiments/configs/ppo.py:test --workdir=/tmp/run
     python -m experiments.train --config=experiments/configs/ppo.py:bert \
         --config.agent.head=candidates --config.ppo.num_envs=64 --workdir=runs/bert
+    # an hour over a pool (zoo sizes per name, ONNX paths), costed with measured kernels
+    python -m experiments.train --config=experiments/configs/ppo.py:nasrnn --workdir=runs/pool \
+        --config.model.name="squeezenet1_1+squeezenet1_1,default+resnet18,default" \
+        --config.env.kernels=measured --config.env.rules="('all',)" --max_minutes=60
 
 Writes to --workdir: metrics.csv (one row per update and seed), TensorBoard event files under
 tb/ (when tensorboardX or TensorFlow is importable), checkpoints/ (orbax when installed, else

@@ -440,17 +440,19 @@ def _last_checkpoint_leaves(workdir: Path) -> list[np.ndarray]:
 @pytest.mark.slow  # three training runs, ~4 min on 2 cores; see README for -m slow
 def test_two_processes_train_as_one_and_resume_after_a_stop(tmp_path, xla_defaults_env):
   """Data-parallel PPO over two processes on JAX's distributed runtime (`agents.distributed`):
-  two local processes, one CPU device each, stopped after 2 of 4 updates and rerun (resuming
-  from the checkpoint they wrote together), give the metrics, parameters and best graph of one
-  uninterrupted process with the same seed and global batch. XLA's default code generation
-  (the suite's fast-compile flags reorder float reductions between the two layouts)."""
+  two local processes, one CPU device each, stopped by the time limit after 2 of 4 updates
+  (process 0's clock decides for both) and rerun (resuming from the checkpoint they wrote
+  together), give the metrics, parameters and best graph of one uninterrupted process with the
+  same seed and global batch. XLA's default code generation (the suite's fast-compile flags
+  reorder float reductions between the two layouts)."""
   env = {**xla_defaults_env, "JAX_PLATFORMS": "cpu"}
   args = ["--config.latency_rounds=0", "--config.ppo.total_timesteps=256",
           "--config.updates_per_chunk=2", f"--compilation_cache={tmp_path / 'cache'}"]
   one, two = tmp_path / "one", tmp_path / "two"
   _train_in_processes(one, 1, *args, env=env)
-  first = _train_in_processes(two, 2, *args, "--stop_after=2", env=env)
+  first = _train_in_processes(two, 2, *args, "--max_minutes=1e-6", env=env)  # 1 chunk of 2
   assert "2 device(s) cpu in 2 process(es)" in first[0]
+  assert "stopped at --max_minutes=1e-06 after update 2" in first[0]
   assert "pool " not in first[1] and "trained " not in first[1]  # process 0 reports alone
   again = _train_in_processes(two, 2, *args, env=env)
   assert "resumed from update 2" in again[0]
