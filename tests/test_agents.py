@@ -491,7 +491,7 @@ def test_named_configs_train_the_models_they_name():
 
 def test_a_pool_mixes_sizes_and_names_each_graph_once():
   """`runs.load_pool`: "+"-joined models, each at the config's size or its own after a comma,
-  at one capacity; a graph named twice is refused."""
+  and shape variants, at one capacity; a graph named twice is refused."""
   model = ppo_configs.get_config("test").model
   model.capacity = 0
   model.name = "squeezenet1_1+squeezenet1_1,default+nasrnn"
@@ -499,8 +499,14 @@ def test_a_pool_mixes_sizes_and_names_each_graph_once():
   assert names == ["squeezenet1_1[tiny]", "squeezenet1_1", "nasrnn[tiny]"]
   assert len({G.capacity(g) for g in graphs}) == 1
   assert G.num_nodes(graphs[0]) == G.num_nodes(graphs[1])
+  model.name = "squeezenet1_1+squeezenet1_1,image=48"
+  names, graphs, _ = runs.load_pool(model)
+  assert names == ["squeezenet1_1", "squeezenet1_1[image=48]"]
   model.name = "nasrnn+nasrnn,tiny"
   with pytest.raises(AgentError, match="names a graph twice"):
+    runs.load_pool(model)
+  model.name = "nasrnn,tiny,default"
+  with pytest.raises(AgentError, match="2 sizes"):
     runs.load_pool(model)
 
 

@@ -38,11 +38,12 @@ class Run:
 
 
 def load_pool(model_cfg: Any) -> tuple[list[str], list[Graph], list[ParamStore]]:
-  """The graphs to optimise: an ONNX file, or a pool of models joined by "+", each a zoo name
-  (at model.size, or its own after a comma: "bert,default"), an ONNX path or the stem of a
-  file in ../shared/models; loaded by `workflow.load_many` at one capacity (model.capacity,
-  or 0: the largest fitted capacity). Names carry a zoo size other than the default
-  ("bert[tiny]") where the pool mixes sizes."""
+  """The graphs to optimise: an ONNX file, or a pool of models joined by "+", each a zoo name,
+  an ONNX path or the stem of a file in ../shared/models, optionally followed by a size and
+  shape variants after commas ("bert,default", "squeezenet1_1,image=96",
+  "resnet18,tiny,batch=2"; size default model.size); loaded by `workflow.load_many` at one
+  capacity (model.capacity, or 0: the largest fitted capacity). Names carry a zoo size other
+  than the default ("bert[tiny]") where the pool mixes sizes."""
   capacity = int(model_cfg.capacity) or None
   if model_cfg.onnx:
     specs = [workflow.resolve(str(model_cfg.onnx))]
@@ -52,8 +53,13 @@ def load_pool(model_cfg: Any) -> tuple[list[str], list[Graph], list[ParamStore]]
       raise AgentError("the config names no model (set model.name or model.onnx)")
     specs = []
     for n in names:
-      name, _, size = n.partition(",")
-      specs.append(workflow.resolve(name, size.strip() or str(model_cfg.size)))
+      name, *rest = [part.strip() for part in n.split(",")]
+      sizes = [part for part in rest if "=" not in part]
+      if len(sizes) > 1:
+        raise AgentError(f"pool entry {n!r} names {len(sizes)} sizes; give at most one")
+      spec = workflow.resolve(name, sizes[0] if sizes else str(model_cfg.size))
+      shape = workflow.parse_shape("+".join(part for part in rest if "=" in part))
+      specs.append(spec.with_shape(shape) if shape else spec)
   loaded = workflow.load_many(specs, capacity=capacity, seed=int(model_cfg.seed),
                               random_weights=True)
   mixed = len({x.size for x in loaded if x.kind == "zoo"}) > 1
