@@ -9,6 +9,11 @@ found for each, measured.
         --config.model.name="squeezenet1_1+squeezenet1_1,default+resnet18,default" \
         --config.env.kernels=measured --config.env.rules="('all',)" --max_minutes=60
 
+After training, `--config.compare_methods="('greedy', 'taso', 'policy')"` searches from each
+pool graph with the same rules and cost model and reports those graphs beside training's best
+(modelled, numerics checked, timed in the same rounds); `--evaluate_only` does that for the
+latest checkpoint of --workdir without training.
+
 Writes to --workdir: metrics.csv (one row per update and seed), TensorBoard event files under
 tb/ (when tensorboardX or TensorFlow is importable), checkpoints/ (orbax when installed, else
 msgpack; a rerun with the same workdir resumes from the latest one and reproduces the
@@ -53,6 +58,9 @@ _WORKDIR = flags.DEFINE_string("workdir", "/tmp/xrlflow_train", "Output director
 _RESUME = flags.DEFINE_bool("resume", True, "Resume from the latest checkpoint in --workdir.")
 _STOP = flags.DEFINE_integer("stop_after", 0, "Stop this invocation after this many updates "
                              "(0: run to the end); a rerun resumes.")
+_EVALUATE_ONLY = flags.DEFINE_bool(
+    "evaluate_only", False, "Train nothing: report the latest checkpoint of --workdir (its best "
+    "graphs, and the config's compare_methods from each pool graph).")
 _MAX_MINUTES = flags.DEFINE_float(
     "max_minutes", 0.0, "Stop this invocation after the first chunk that ends this many "
     "minutes after training began, with a checkpoint (0: no limit); a rerun resumes.")
@@ -139,11 +147,14 @@ def _best_over_seeds(state: Any, seeded: bool, with_graphs: bool = True):
   return (best_cost[s, g], jax.tree_util.tree_map(lambda a: a[s, g], graphs), initial[0])
 
 
-def _report_best(run: runs.Run, best: tuple[Any, Any, Any], workdir: Path, rounds: int) -> dict:
+def _report_best(run: runs.Run, best: tuple[Any, Any, Any], workdir: Path, rounds: int,
+                 searches: dict[str, list[Any]] | None = None) -> dict:
   """Validates, checks numerics of and times (side by side, `measure.compare` with `rounds`
   rounds; 0: not timed) the initial and best graph of every pool graph; best is
-  `_best_over_seeds`."""
+  `_best_over_seeds`. `searches`: {method: a SearchResult per pool graph} to report beside
+  training's best (modelled, and timed in the same rounds)."""
   best_cost, graphs, initial = best
+  searches = searches or {}
   results = []
   dumps = []
   for i, name in enumerate(run.names):
@@ -156,18 +167,53 @@ def _report_best(run: runs.Run, best: tuple[Any, Any, Any], workdir: Path, round
            "nodes_initial": G.num_nodes(run.graphs[i]), "nodes_best": G.num_nodes(best),
            "max_rel_error": check.max_rel_error, "numerics_passed": check.passed,
            "numerics": check.describe()}
+    found = {m: r[i] for m, r in searches.items()}
+    row["searches"] = {}
+    for m, r in found.items():
+      checked = measure.check_numerics(run.graphs[i], r.best_graph, params)
+      row["searches"][m] = {"modelled_speedup": r.initial_cost_ms / r.best_cost_ms,
+                            "rewrites": len(r.rewrites), "seconds": r.seconds,
+                            "graphs_expanded": r.graphs_expanded,
+                            "numerics_passed": checked.passed, "numerics": checked.describe()}
     if rounds > 0:
-      cmp = measure.compare(run.graphs[i], [best], params, rounds=rounds)
+      cmp = measure.compare(run.graphs[i], [best] + [r.best_graph for r in found.values()],
+                            params, rounds=rounds)
       lat0, lat1, verdict = cmp.reference, cmp.candidates[0], cmp.speedups[0]
       row.update({"initial_latency_ms": lat0.median_ms, "best_latency_ms": lat1.median_ms,
                   "initial_latency_iqr_ms": lat0.iqr_ms, "best_latency_iqr_ms": lat1.iqr_ms,
                   "measured_speedup": verdict.ratio, "measured": verdict.to_json(),
                   "measured_text": verdict.describe(), "device": lat1.device_kind})
+      for j, m in enumerate(found, start=1):
+        row["searches"][m].update({"measured_speedup": cmp.speedups[j].ratio,
+                                   "measured_text": cmp.speedups[j].describe()})
     results.append(row)
     dumps.append(f"# {name}: best graph found (modelled cost {best_cost[i]:.5f} ms)\n"
                  + G.dump(best))
   (workdir / "best_graph.txt").write_text("\n\n".join(dumps) + "\n")
   return {"graphs": results}
+
+
+def _run_searches(run: runs.Run, config: Any, network_params: Any,
+                  say: Callable[..., None]) -> dict[str, list[Any]]:
+  """{method: SearchResult per pool graph} of `config.compare_methods` from each pool graph
+  with the run's rules and cost model (its kernel table when measured), modelled (the report
+  times them); "policy" is the trained policy (argmax and `config.policy_samples` samples)."""
+  methods = [str(m) for m in config.get("compare_methods", ())]
+  kernels = kernel_table.shared() if str(config.env.get("kernels", "")) == "measured" else None
+  out: dict[str, list[Any]] = {}
+  for method in methods:
+    options = {}
+    if method == "policy":
+      options = dict(agent=run.agent, network_params=network_params, env=run.env,
+                     num_samples=int(config.get("policy_samples", 8)))
+    out[method] = []
+    for name, g, p in zip(run.names, run.graphs, run.params):
+      r = search.optimize(g, p, method, run.ruleset, run.coeffs, kernels=kernels, **options)
+      say(f"  {name}: {method} modelled x{r.initial_cost_ms / r.best_cost_ms:.3f} with "
+          f"{len(r.rewrites)} rewrites ({r.graphs_expanded} expansions, {r.seconds:.1f}s)",
+          flush=True)
+      out[method].append(r)
+  return out
 
 
 def main(argv: list[str]) -> None:
@@ -248,6 +294,10 @@ def _train(argv: list[str]) -> None:
   t_train = time.perf_counter()
   steps_done = 0
   stop_at = min(cfg.num_updates, done + _STOP.value) if _STOP.value > 0 else cfg.num_updates
+  if _EVALUATE_ONLY.value:
+    if not done:
+      raise runs.AgentError(f"--evaluate_only: no checkpoint to evaluate in {ckpt_dir}")
+    stop_at = done
   while done < stop_at:
     state, metrics = run_fn(state, chunk)
     metrics = {k: v.reshape(seeds, chunk) for k, v in distributed.to_host(metrics).items()}
@@ -277,7 +327,13 @@ def _train(argv: list[str]) -> None:
         done >= stop_at:
       checkpoint.save(ckpt_dir, done, state, backend=config.checkpoint_backend)
   elapsed = time.perf_counter() - t_train
-  best = _best_over_seeds(state, seeded)  # a collective: before the other processes leave
+  # Collectives: before the other processes leave.
+  best = _best_over_seeds(state, seeded)
+  network_params = distributed.to_host(state.params)
+  if seeded:  # the policy of the seed whose training found the lowest mean cost ratio
+    ratios = distributed.to_host(state.best_cost / state.initial_cost)  # [S, G]
+    chosen = int(np.argmin(ratios.mean(axis=1)))
+    network_params = jax.tree_util.tree_map(lambda x: x[chosen], network_params)
   if not main_process:
     return
   progress.close()
@@ -288,7 +344,11 @@ def _train(argv: list[str]) -> None:
   if summaries.plot_curves(workdir / "metrics.csv", workdir / "curves.png"):
     print(f"training curve: {workdir / 'curves.png'}")
 
-  report = _report_best(run, best, workdir, int(config.latency_rounds))
+  if config.get("compare_methods", ()):
+    print(f"searching from each pool graph with {list(config.compare_methods)}, same rules and "
+          "cost model", flush=True)
+  searches = _run_searches(run, config, network_params, say)
+  report = _report_best(run, best, workdir, int(config.latency_rounds), searches)
   report.update({"updates": done, "env_steps": done * cfg.batch_size, "seeds": seeds,
                  "parameters": n_params, "processes": jax.process_count(),
                  "devices": len(trainer.devices)})
@@ -301,8 +361,16 @@ def _train(argv: list[str]) -> None:
       line += (f"; measured {r['initial_latency_ms']:.4f} -> {r['best_latency_ms']:.4f} ms "
                f"({r['measured_text']}) on {r['device']}")
     print(line)
+    for m, found in r["searches"].items():
+      text = (f"  {m}: modelled x{found['modelled_speedup']:.3f} with {found['rewrites']} "
+              f"rewrites, numerics {'PASS' if found['numerics_passed'] else 'FAIL'}")
+      if "measured_text" in found:
+        text += f"; measured {found['measured_text']}"
+      print(text)
   print(f"best graph: {workdir / 'best_graph.txt'}; results: {workdir / 'results.json'}")
   wrong = [r["graph"] for r in report["graphs"] if not r["numerics_passed"]]
+  wrong += [f"{r['graph']} ({m})" for r in report["graphs"] for m, found in r["searches"].items()
+            if not found["numerics_passed"]]
   if wrong:
     raise SystemExit(f"error: the best graph of {wrong} computes something else than the "
                      "original (see numerics above and results.json)")

@@ -494,3 +494,25 @@ def test_processes_that_build_different_runs_stop_with_one_line(tmp_path):
     assert p.returncode != 0, out[-2000:]
     assert "processes [1] built another trainer than process 0" in err, err[-3000:]
     assert "Traceback" not in err and "initialised" not in out
+
+
+@pytest.mark.slow  # a 2-update training, then two searches: ~40-90 s on 2 cores
+def test_a_trained_run_is_evaluated_against_the_searches_without_training_more(tmp_path):
+  """`--evaluate_only` reports the latest checkpoint with `compare_methods` (the trained
+  policy and the searches from each pool graph, same rules and cost model), numerics checked,
+  and trains nothing."""
+  env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+  args = [f"--workdir={tmp_path / 'run'}", "--config.latency_rounds=0",
+          "--config.ppo.total_timesteps=128", "--config.updates_per_chunk=2"]
+  _run("experiments.train", *args, env=env)
+  before = _rows(tmp_path / "run" / "metrics.csv")
+  out = _run("experiments.train", *args, "--evaluate_only",
+             "--config.compare_methods=('greedy', 'policy')", env=env)
+  assert "resumed from update 2" in out and "trained " not in out
+  assert _rows(tmp_path / "run" / "metrics.csv") == before
+  row = json.loads((tmp_path / "run" / "results.json").read_text())["graphs"][0]
+  assert set(row["searches"]) == {"greedy", "policy"}
+  for found in row["searches"].values():
+    assert found["numerics_passed"] and found["modelled_speedup"] >= 1.0 - 1e-6
+  assert row["searches"]["greedy"]["graphs_expanded"] >= 1
+  assert "  policy: modelled x" in out

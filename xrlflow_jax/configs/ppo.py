@@ -76,6 +76,12 @@ def get_config(arg: str = "test") -> ml_collections.ConfigDict:
   c.updates_per_chunk = 10  # updates per jitted call (progress, metrics flush, checkpoints)
   c.checkpoint_every = 1  # chunks between checkpoints (0: only at the end)
   c.checkpoint_backend = "auto"  # auto (orbax if installed, else msgpack), orbax, msgpack
+  # Searches run from each pool graph after training, with the run's rules and cost model, and
+  # reported (modelled, and timed with the best graph) beside training's best: any of
+  # "greedy", "taso", "beam", "random", and "policy" (the trained policy: argmax and
+  # policy_samples sampled rollouts).
+  c.compare_methods = ()
+  c.policy_samples = 8
   c.latency_rounds = 10  # interleaved timing rounds of the initial and best graphs at the end
   # (measure.compare with a control copy; 0: skip, else >= 5)
 
