@@ -193,13 +193,13 @@ def _report_best(run: runs.Run, best: tuple[Any, Any, Any], workdir: Path, round
   return {"graphs": results}
 
 
-def _run_searches(run: runs.Run, config: Any, network_params: Any,
+def _run_searches(run: runs.Run, config: Any, network_params: Any, kernels: Any,
                   say: Callable[..., None]) -> dict[str, list[Any]]:
   """{method: SearchResult per pool graph} of `config.compare_methods` from each pool graph
-  with the run's rules and cost model (its kernel table when measured), modelled (the report
-  times them); "policy" is the trained policy (argmax and `config.policy_samples` samples)."""
+  with the run's rules and cost model (`kernels`: the KernelTimes the run's table came from,
+  or None), modelled (the report times them); "policy" is the trained policy (argmax and
+  `config.policy_samples` samples; network_params a RunnerState on the host)."""
   methods = [str(m) for m in config.get("compare_methods", ())]
-  kernels = kernel_table.shared() if str(config.env.get("kernels", "")) == "measured" else None
   out: dict[str, list[Any]] = {}
   for method in methods:
     options = {}
@@ -329,11 +329,9 @@ def _train(argv: list[str]) -> None:
   elapsed = time.perf_counter() - t_train
   # Collectives: before the other processes leave.
   best = _best_over_seeds(state, seeded)
-  network_params = distributed.to_host(state.params)
-  if seeded:  # the policy of the seed whose training found the lowest mean cost ratio
-    ratios = distributed.to_host(state.best_cost / state.initial_cost)  # [S, G]
-    chosen = int(np.argmin(ratios.mean(axis=1)))
-    network_params = jax.tree_util.tree_map(lambda x: x[chosen], network_params)
+  # Host copies for the policy search (its seed: `search.policy.network_params_of`'s choice).
+  network_params = state.replace(params=distributed.to_host(state.params),
+                                 best_cost=distributed.to_host(state.best_cost))
   if not main_process:
     return
   progress.close()
@@ -347,7 +345,8 @@ def _train(argv: list[str]) -> None:
   if config.get("compare_methods", ()):
     print(f"searching from each pool graph with {list(config.compare_methods)}, same rules and "
           "cost model", flush=True)
-  searches = _run_searches(run, config, network_params, say)
+  searches = _run_searches(run, config, network_params,
+                           kernel_table.shared() if kernels is not None else None, say)
   report = _report_best(run, best, workdir, int(config.latency_rounds), searches)
   report.update({"updates": done, "env_steps": done * cfg.batch_size, "seeds": seeds,
                  "parameters": n_params, "processes": jax.process_count(),

@@ -7,9 +7,10 @@ Two backends: orbax (`orbax.checkpoint.StandardCheckpointer`: sharded arrays, mu
 restores onto the target's shardings) when it is importable, otherwise flax's msgpack bytes of
 the host arrays. In a multi-process run (`distributed`) every process calls `save` with the
 same folder on a shared file system: orbax writes each process's shards, msgpack gathers them
-and process 0 writes the file, the metadata and the final rename. Both store the leaves of the flattened pytree and check on restore that the
-structure, shapes and dtypes match the target, so a checkpoint from another config is a clear
-error rather than a silent mismatch. A step directory appears only once fully written.
+and process 0 writes the file, the metadata and the final rename. Both store the leaves of the
+flattened pytree and check on restore that the structure, shapes and dtypes match the target,
+so a checkpoint from another config is a clear error rather than a silent mismatch. A step
+directory appears only once fully written.
 """
 
 from __future__ import annotations

@@ -100,23 +100,21 @@ def get_config(arg: str = "test") -> ml_collections.ConfigDict:
     c.ppo.update_epochs = 4  # the optimise job's short run; not in PPOConfig's 2-epoch comparison
     c.updates_per_chunk = 4
     c.latency_rounds = 5
-  if arg == "job":
-    c.model.name = "nasrnn"
-    c.model.capacity = 0
-    c.env.rules = MATMUL_RULES
-    # Tiny NasRNN's best graphs take 14 rewrites, beyond the test config's 10 steps. With the
-    # split rule as well, seeds 0-3 got 0.64-0.94 of the input's cost at 10 steps. With these
-    # two rules at 20 steps they got 0.51-0.55 on three seeds and 0.96 on one (2026-12-07,
-    # this 2-core CPU, the measured kernel table).
-    c.env.horizon = 20
-    # Seeds 0-5 with the entropy weight 0.05 (PPO's default 0.01): 0.53-0.57 of the input's
-    # modelled cost on five, 0.96 on one (it collapses to stopping early either way).
-    c.ppo.ent_coef = 0.05
-    # One seed in six collapses to stopping; another seed is then trained (~12 s of run time
-    # on 2 cores, the programs compiled once), so the job's result does not hang on one.
-    c.restarts = 3
-  if arg in ("test", "job"):
-    pass
+    if arg == "job":
+      c.model.name = "nasrnn"
+      c.model.capacity = 0
+      c.env.rules = MATMUL_RULES
+      # Tiny NasRNN's best graphs take 14 rewrites, beyond the test config's 10 steps. With the
+      # split rule as well, seeds 0-3 got 0.64-0.94 of the input's cost at 10 steps. With these
+      # two rules at 20 steps they got 0.51-0.55 on three seeds and 0.96 on one (2026-12-07,
+      # this 2-core CPU, the measured kernel table).
+      c.env.horizon = 20
+      # Seeds 0-5 with the entropy weight 0.05 (PPO's default 0.01): 0.53-0.57 of the input's
+      # modelled cost on five, 0.96 on one (it collapses to stopping early either way).
+      c.ppo.ent_coef = 0.05
+      # One seed in six collapses to stopping; another seed is then trained (~12 s of run time
+      # on 2 cores, the programs compiled once), so the job's result does not hang on one.
+      c.restarts = 3
   elif arg.startswith("onnx="):
     c.model.onnx = arg[len("onnx="):]
     c.model.name = ""
